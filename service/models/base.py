@@ -1,0 +1,70 @@
+"""Model backends, split Infinity-style into pre-processing (tokenize), core inference and
+post-processing. Backends are synchronous and CPU-bound: they only ever run inside the
+executor pool (``service.models.runtime``), never on the event loop.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+TextKind = Literal["query", "passage"]
+FloatArray = npt.NDArray[np.float32]
+
+
+@dataclass
+class Encoded:
+    """Tokenizer output for one batch, ready for ``infer``."""
+
+    input_ids: npt.NDArray[np.int64]
+    attention_mask: npt.NDArray[np.int64]
+    token_type_ids: npt.NDArray[np.int64] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What an attempt records about the model that served it."""
+
+    model_id: str  # e.g. "multilingual-e5-small-int8"
+    kind: str  # "embedding" | "cross-encoder" | "dummy"
+    sha256: str  # hash of the ONNX file (or a fixed id for dummy models)
+    dimension: int | None = None
+    max_length: int = 0
+
+
+class EmbeddingBackend(abc.ABC):
+    info: ModelInfo
+
+    @property
+    def dimension(self) -> int:
+        assert self.info.dimension is not None
+        return self.info.dimension
+
+    @abc.abstractmethod
+    def tokenize(self, texts: list[str], kind: TextKind) -> Encoded:
+        """Pre-processing: prefixes, truncation, padding."""
+
+    @abc.abstractmethod
+    def infer(self, encoded: Encoded) -> FloatArray:
+        """Core inference + post-processing: returns [n, dim] float32, L2-normalised."""
+
+
+class CrossEncoderBackend(abc.ABC):
+    info: ModelInfo
+
+    @abc.abstractmethod
+    def tokenize(self, pairs: list[tuple[str, str]]) -> Encoded:
+        """Pairs as ``[CLS] query [SEP] passage [SEP]`` (truncating the passage first)."""
+
+    @abc.abstractmethod
+    def infer(self, encoded: Encoded) -> FloatArray:
+        """One relevance logit per pair: shape [n]."""
