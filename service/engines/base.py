@@ -168,3 +168,7 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     async def stats(self) -> EngineStats: ...
+
+    async def versions(self, source_id: str) -> list[str]:
+        """Versions of a source that are stored now (any status), sorted."""
+        raise NotImplementedError

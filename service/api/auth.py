@@ -1,0 +1,57 @@
+"""API keys -> principals. A caller never asserts its own groups: they come from the
+server's key file.
+
+Key file (TOML)::
+
+    [[principals]]
+    name = "support-agent"
+    api_key_sha256 = "<hex sha256 of the key>"   # or api_key = "plain" for local use
+    groups = ["support", "billing"]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import tomllib
+from pathlib import Path
+
+import grpc
+
+from service.errors import Unauthenticated
+from service.pipeline.request import ANONYMOUS, Principal
+
+API_KEY_HEADER = "x-api-key"
+
+
+class Authenticator:
+    def __init__(self, principals: dict[str, Principal]) -> None:
+        self._by_digest = principals  # sha256 hex digest -> principal
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._by_digest)
+
+    @classmethod
+    def from_file(cls, path: str) -> Authenticator:
+        if not path:
+            return cls({})
+        with Path(path).open("rb") as fh:
+            data = tomllib.load(fh)
+        table: dict[str, Principal] = {}
+        for entry in data.get("principals", []):
+            digest = entry.get("api_key_sha256") or hashlib.sha256(entry["api_key"].encode()).hexdigest()
+            table[digest.lower()] = Principal(entry["name"], tuple(entry.get("groups", [])))
+        return cls(table)
+
+    def authenticate(self, context: grpc.aio.ServicerContext) -> Principal:  # type: ignore[type-arg]
+        if not self.enabled:
+            return ANONYMOUS
+        key = next((v for k, v in context.invocation_metadata() or () if k == API_KEY_HEADER), None)
+        if not key:
+            raise Unauthenticated(f"missing {API_KEY_HEADER} metadata")
+        digest = hashlib.sha256(str(key).encode()).hexdigest()
+        for known, principal in self._by_digest.items():
+            if hmac.compare_digest(known, digest):
+                return principal
+        raise Unauthenticated("unknown API key")

@@ -1,0 +1,76 @@
+"""The one table that maps domain errors to gRPC status codes.
+
+Every servicer funnels exceptions through ``abort_with``; the proto comments document the
+same table. INVALID_ARGUMENT carries google.rpc.BadRequest field violations and
+RESOURCE_EXHAUSTED a google.rpc.RetryInfo plus a ``retry-after-ms`` trailer, so clients in
+any language can act on them.
+"""
+
+from __future__ import annotations
+
+import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from service import errors
+from service.domain import Outcome
+
+STATUS_TABLE: dict[type[errors.DomainError], grpc.StatusCode] = {
+    errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    errors.NotFound: grpc.StatusCode.NOT_FOUND,
+    errors.ShuttingDown: grpc.StatusCode.UNAVAILABLE,
+    errors.DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
+    errors.BackendFailure: grpc.StatusCode.UNAVAILABLE,
+    errors.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
+}
+
+# Lookup has no outcome field, so outcomes that are not "the search ran" become errors
+# there (documented on the Lookup RPC). Retrieve reports every outcome in-band.
+LOOKUP_OUTCOME_ERRORS: dict[Outcome, type[errors.DomainError]] = {
+    Outcome.TIMEOUT: errors.DeadlineExceeded,
+    Outcome.BACKEND_ERROR: errors.BackendFailure,
+    Outcome.BUDGET_DENIED: errors.FailedPrecondition,
+    Outcome.PERMISSION_DENIED: errors.PermissionDenied,
+}
+
+
+def status_for(exc: errors.DomainError) -> grpc.StatusCode:
+    for cls in type(exc).__mro__:
+        if cls in STATUS_TABLE and issubclass(cls, errors.DomainError):
+            return STATUS_TABLE[cls]
+    return grpc.StatusCode.INTERNAL
+
+
+def to_rpc_status(exc: errors.DomainError) -> tuple[grpc.Status, tuple[tuple[str, str], ...]]:
+    code = status_for(exc)
+    details: list[any_pb2.Any] = []
+    trailers: tuple[tuple[str, str], ...] = ()
+    if isinstance(exc, errors.InvalidArgument):
+        bad = error_details_pb2.BadRequest(
+            field_violations=[
+                error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
+                for v in exc.violations
+            ]
+        )
+        packed = any_pb2.Any()
+        packed.Pack(bad)
+        details.append(packed)
+    if isinstance(exc, errors.Overloaded):
+        ms = int(exc.retry_after_s * 1000)
+        info = error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(nanos=ms * 1_000_000))
+        packed = any_pb2.Any()
+        packed.Pack(info)
+        details.append(packed)
+        trailers = (("retry-after-ms", str(ms)),)
+    status = status_pb2.Status(code=getattr(code_pb2, code.name), message=str(exc), details=details)
+    return rpc_status.to_status(status), trailers
+
+
+async def abort_with(context: grpc.aio.ServicerContext, exc: errors.DomainError) -> None:  # type: ignore[type-arg]
+    """Abort the call with the mapped status, its details and extra trailers."""
+    status, trailers = to_rpc_status(exc)
+    await context.abort(status.code, status.details, tuple(status.trailing_metadata) + trailers)

@@ -1,0 +1,245 @@
+"""gRPC servicers: transport only. They authenticate, convert, admit, call the pipeline
+and map domain errors through the one status table."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from service._gen.retrieval.v1 import corpus_pb2, corpus_pb2_grpc, retrieval_pb2, retrieval_pb2_grpc
+from service.api import convert
+from service.api.auth import Authenticator
+from service.api.errors import LOOKUP_OUTCOME_ERRORS, abort_with
+from service.app import App
+from service.errors import DomainError, InvalidArgument, NotFound, Overloaded, ShuttingDown
+from service.ingest.ingestor import IngestOutcome
+from service.pipeline.attempt import AttemptResultOut, EvidenceEvent, EvidenceOut, LegEvent, ResultEvent
+from service.pipeline.request import AttemptRequest, Principal, validate
+
+log = logging.getLogger(__name__)
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class Admission:
+    """Explicit overload check before any work: attempts in flight and model queue depth."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+        self.inflight = 0
+        self.draining = False
+
+    def admit(self) -> None:
+        if self.draining:
+            raise ShuttingDown("server is shutting down")
+        if self.inflight >= self.app.cfg.max_inflight_attempts:
+            raise Overloaded(f"{self.inflight} attempts in flight (limit {self.app.cfg.max_inflight_attempts})", 0.25)
+        if self.app.runtime.overloaded():
+            raise Overloaded("model queues are nearly full", 0.25)
+
+
+def _deadline(context: Context, default_s: float) -> float:
+    remaining = context.time_remaining()
+    budget = default_s if remaining is None else min(remaining, 3600.0)
+    return time.monotonic() + budget
+
+
+def _trailers(result: AttemptResultOut) -> tuple[tuple[str, str], ...]:
+    t = result.timing
+    return (
+        ("x-attempt-id", result.attempt_id),
+        ("x-timing-queue-ms", f"{t.queue_ms:.3f}"),
+        ("x-timing-tokenize-ms", f"{t.tokenize_ms:.3f}"),
+        ("x-timing-inference-ms", f"{t.inference_ms:.3f}"),
+        ("x-timing-total-ms", f"{result.total_ms:.3f}"),
+    )
+
+
+class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
+    def __init__(self, app: App, auth: Authenticator, admission: Admission) -> None:
+        self.app = app
+        self.auth = auth
+        self.admission = admission
+
+    def _prepare(self, request: retrieval_pb2.RetrieveRequest, context: Context) -> tuple[AttemptRequest, Principal]:
+        principal = self.auth.authenticate(context)
+        req = convert.request_from_pb(request)
+        validate(req, self.app.cfg, self.app.runtime.reranker is not None)
+        self.admission.admit()
+        return req, principal
+
+    async def Retrieve(  # noqa: N802 (gRPC method name)
+        self, request: retrieval_pb2.RetrieveRequest, context: Context
+    ) -> AsyncIterator[retrieval_pb2.RetrieveEvent]:
+        try:
+            req, principal = self._prepare(request, context)
+        except DomainError as exc:
+            await abort_with(context, exc)
+            return
+        self.admission.inflight += 1
+        try:
+            async for event in self.app.runner.run(req, principal, _deadline(context, self.app.cfg.default_deadline_s)):
+                if isinstance(event, LegEvent):
+                    yield retrieval_pb2.RetrieveEvent(leg=convert.leg_to_pb(event.report))
+                elif isinstance(event, EvidenceEvent):
+                    yield retrieval_pb2.RetrieveEvent(evidence=convert.evidence_to_pb(event.evidence))
+                else:
+                    context.set_trailing_metadata(_trailers(event.result))
+                    yield retrieval_pb2.RetrieveEvent(result=convert.result_to_pb(event.result))
+        finally:
+            self.admission.inflight -= 1
+
+    async def Lookup(  # noqa: N802
+        self, request: retrieval_pb2.RetrieveRequest, context: Context
+    ) -> retrieval_pb2.LookupResult:
+        try:
+            req, principal = self._prepare(request, context)
+        except DomainError as exc:
+            await abort_with(context, exc)
+            raise AssertionError("unreachable")  # abort raises
+        self.admission.inflight += 1
+        evidence: list[EvidenceOut] = []
+        result: AttemptResultOut | None = None
+        try:
+            async for event in self.app.runner.run(req, principal, _deadline(context, self.app.cfg.default_deadline_s)):
+                if isinstance(event, EvidenceEvent):
+                    evidence.append(event.evidence)
+                elif isinstance(event, ResultEvent):
+                    result = event.result
+        finally:
+            self.admission.inflight -= 1
+        assert result is not None
+        context.set_trailing_metadata(_trailers(result))
+        error = LOOKUP_OUTCOME_ERRORS.get(result.outcome)
+        if error is not None:
+            await abort_with(context, error(f"attempt {result.attempt_id}: {result.outcome.value} ({result.stopping_reason})"))
+        return convert.lookup_to_pb(req.query, req.tool_call_id, result, evidence)
+
+    async def GetAttempt(  # noqa: N802
+        self, request: retrieval_pb2.GetAttemptRequest, context: Context
+    ) -> retrieval_pb2.GetAttemptResponse:
+        try:
+            self.auth.authenticate(context)
+            if not request.attempt_id:
+                raise InvalidArgument.one("attempt_id", "must not be empty")
+            record = await self.app.ledger.get_attempt(request.attempt_id)
+            if record is None:
+                raise NotFound(f"no attempt {request.attempt_id!r}")
+        except DomainError as exc:
+            await abort_with(context, exc)
+            raise AssertionError("unreachable")
+        return retrieval_pb2.GetAttemptResponse(attempt=convert.record_to_pb(record))
+
+
+def parse_evidence_id(evidence_id: str) -> tuple[str, int, str]:
+    """``source#chunk@version`` -> parts; raises InvalidArgument."""
+    try:
+        head, version = evidence_id.rsplit("@", 1)
+        source, chunk = head.rsplit("#", 1)
+        index = int(chunk)
+    except ValueError:
+        raise InvalidArgument.one("evidence_id", "expected source#chunk@version, e.g. E31#0@v3")
+    if not source or not version or index < 0:
+        raise InvalidArgument.one("evidence_id", "expected source#chunk@version, e.g. E31#0@v3")
+    return source, index, version
+
+
+class CorpusServicer(corpus_pb2_grpc.CorpusServiceServicer):
+    # Documents embedded concurrently: enough to fill model batches, bounded for memory.
+    CONCURRENCY = 8
+
+    def __init__(self, app: App, auth: Authenticator, admission: Admission) -> None:
+        self.app = app
+        self.auth = auth
+        self.admission = admission
+
+    async def Ingest(  # noqa: N802
+        self, request_iterator: AsyncIterator[corpus_pb2.IngestRequest], context: Context
+    ) -> corpus_pb2.IngestSummary:
+        try:
+            self.auth.authenticate(context)
+            if self.admission.draining:
+                raise ShuttingDown("server is shutting down")
+        except DomainError as exc:
+            await abort_with(context, exc)
+            raise AssertionError("unreachable")
+        started = time.monotonic()
+        gate = asyncio.Semaphore(self.CONCURRENCY)
+        tasks: list[asyncio.Task[IngestOutcome]] = []
+        docs: list[corpus_pb2.Document] = []
+
+        async def one(doc: corpus_pb2.Document) -> IngestOutcome:
+            async with gate:
+                try:
+                    return await self.app.ingestor.ingest(convert.document_from_pb(doc))
+                except Exception as exc:  # engine/model failure: reported per document
+                    log.warning("ingest of %s@%s failed: %s", doc.source_id, doc.version, exc)
+                    return IngestOutcome("failed", message=f"{type(exc).__name__}: {exc}")
+
+        try:
+            async for item in request_iterator:
+                docs.append(item.document)
+                await gate.acquire()  # back-pressure on the client stream
+                gate.release()
+                tasks.append(asyncio.ensure_future(one(item.document)))
+            outcomes = await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+        if not docs:
+            await abort_with(context, InvalidArgument.one("document", "the stream carried no documents"))
+        summary = corpus_pb2.IngestSummary(documents_received=len(docs))
+        for i, (doc, out) in enumerate(zip(docs, outcomes)):
+            if out.status == "indexed":
+                summary.documents_indexed += 1
+                summary.chunks_indexed += out.chunks
+            elif out.status == "unchanged":
+                summary.documents_unchanged += 1
+            else:
+                summary.errors.append(corpus_pb2.DocumentError(
+                    index=i, source_id=doc.source_id, version=doc.version, field=out.field, message=out.message))
+        await self.app.engine.refresh()
+        elapsed = time.monotonic() - started
+        summary.elapsed_ms = elapsed * 1000
+        summary.chunks_per_second = summary.chunks_indexed / elapsed if elapsed > 0 else 0.0
+        return summary
+
+    async def DeleteDocument(  # noqa: N802
+        self, request: corpus_pb2.DeleteDocumentRequest, context: Context
+    ) -> corpus_pb2.DeleteDocumentResponse:
+        try:
+            self.auth.authenticate(context)
+            if not request.source_id:
+                raise InvalidArgument.one("source_id", "must not be empty")
+            deleted = await self.app.engine.delete_document(request.source_id, request.version or None)
+            if deleted == 0:
+                raise NotFound(f"no chunks for {request.source_id}@{request.version or '*'}")
+            await self.app.engine.refresh()
+        except DomainError as exc:
+            await abort_with(context, exc)
+            raise AssertionError("unreachable")
+        return corpus_pb2.DeleteDocumentResponse(chunks_deleted=deleted)
+
+    async def GetEvidence(  # noqa: N802
+        self, request: corpus_pb2.GetEvidenceRequest, context: Context
+    ) -> corpus_pb2.GetEvidenceResponse:
+        try:
+            principal = self.auth.authenticate(context)
+            source, _, _ = parse_evidence_id(request.evidence_id)
+        except DomainError as exc:
+            await abort_with(context, exc)
+            raise AssertionError("unreachable")
+        found = await self.app.engine.get_chunks([request.evidence_id])
+        visible = [c for c in found if principal.unrestricted or not c.acl or set(c.acl) & set(principal.groups)]
+        if visible:
+            chunk = visible[0]
+            return corpus_pb2.GetEvidenceResponse(
+                fidelity=corpus_pb2.FIDELITY_EXACT, evidence=convert.chunk_to_pb(chunk),
+                status=convert.status_to_pb(chunk.status),
+                available_versions=await self.app.engine.versions(source))
+        return corpus_pb2.GetEvidenceResponse(
+            fidelity=corpus_pb2.FIDELITY_DEGRADED, available_versions=await self.app.engine.versions(source))

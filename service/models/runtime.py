@@ -1,0 +1,334 @@
+"""The model runtime: one executor pool for tokenizers and onnxruntime, and a dynamic
+micro-batcher per task in front of it.
+
+Why a batcher: onnxruntime amortises per-call overhead over a batch, so concurrent
+requests that arrive while the workers are busy are grouped into one batch. Why bounded
+queues and deadlines: under overload the queue must not grow without bound, and work
+whose caller has already given up must not burn CPU. A request is refused up front with
+``Overloaded`` when its queue is full, and dropped with ``DeadlineExceeded`` when its
+deadline passes before a worker picks it up (checked again inside the worker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+import numpy as np
+
+from service.errors import DeadlineExceeded, Overloaded
+from service.models.base import CrossEncoderBackend, EmbeddingBackend, FloatArray, ModelInfo
+
+In = TypeVar("In")
+Out = TypeVar("Out")
+
+
+@dataclass
+class Timing:
+    queue_ms: float = 0.0
+    tokenize_ms: float = 0.0
+    inference_ms: float = 0.0
+    batch_size: int = 0
+
+    def add(self, other: Timing) -> Timing:
+        return Timing(
+            self.queue_ms + other.queue_ms,
+            self.tokenize_ms + other.tokenize_ms,
+            self.inference_ms + other.inference_ms,
+            max(self.batch_size, other.batch_size),
+        )
+
+
+# A batch function runs in a worker thread: items -> (outputs, tokenize_s, inference_s).
+BatchFn = Callable[[list[In]], tuple[list[Out], float, float]]
+
+
+@dataclass
+class _Request(Generic[In, Out]):
+    items: list[In]
+    deadline: float  # time.monotonic() seconds
+    enqueued: float
+    future: asyncio.Future[tuple[list[Out], Timing]] = field(repr=False)
+
+
+class MicroBatcher(Generic[In, Out]):
+    """Groups concurrent requests into batches of at most ``max_batch`` items."""
+
+    def __init__(
+        self,
+        name: str,
+        fn: BatchFn[In, Out],
+        executor: concurrent.futures.Executor,
+        *,
+        max_batch: int,
+        max_wait_s: float,
+        max_queue: int,
+        concurrency: int,
+    ) -> None:
+        self.name = name
+        self._fn = fn
+        self._executor = executor
+        self._max_batch = max_batch
+        self._max_wait_s = max_wait_s
+        self._queue: asyncio.Queue[_Request[In, Out]] = asyncio.Queue(maxsize=max_queue)
+        self._slots = asyncio.Semaphore(concurrency)
+        self._carry: _Request[In, Out] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._running: set[asyncio.Task[None]] = set()
+        self.batches_run = 0
+        self.items_dropped = 0
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name=self.name)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        for task in list(self._running):
+            task.cancel()
+        await asyncio.gather(*self._running, return_exceptions=True)
+
+    @property
+    def depth(self) -> int:
+        return self._queue.qsize()
+
+    @property
+    def capacity(self) -> int:
+        return self._queue.maxsize
+
+    async def submit(self, items: Sequence[In], deadline: float) -> tuple[list[Out], Timing]:
+        """Run ``items`` as part of some batch; raises Overloaded or DeadlineExceeded."""
+        if not items:
+            return [], Timing()
+        now = time.monotonic()
+        if deadline <= now:
+            raise DeadlineExceeded(f"{self.name}: deadline already passed")
+        loop = asyncio.get_running_loop()
+        request: _Request[In, Out] = _Request(list(items), deadline, now, loop.create_future())
+        try:
+            self._queue.put_nowait(request)
+        except asyncio.QueueFull:
+            raise Overloaded(f"{self.name} queue is full ({self.capacity})", retry_after_s=0.2)
+        return await request.future
+
+    async def _next(self, timeout: float | None) -> _Request[In, Out] | None:
+        if self._carry is not None:
+            request, self._carry = self._carry, None
+            return request
+        if timeout is None:
+            return await self._queue.get()
+        try:
+            return await asyncio.wait_for(self._queue.get(), timeout)
+        except TimeoutError:
+            return None
+
+    async def _loop(self) -> None:
+        while True:
+            await self._slots.acquire()
+            first = await self._next(None)
+            assert first is not None
+            batch = [first]
+            size = len(first.items)
+            until = time.monotonic() + self._max_wait_s
+            while size < self._max_batch:
+                nxt = await self._next(max(0.0, until - time.monotonic()))
+                if nxt is None:
+                    break
+                if size + len(nxt.items) > self._max_batch:
+                    self._carry = nxt
+                    break
+                batch.append(nxt)
+                size += len(nxt.items)
+            task = asyncio.get_running_loop().create_task(self._run(batch))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+
+    def _admit(self, batch: list[_Request[In, Out]]) -> list[_Request[In, Out]]:
+        now = time.monotonic()
+        live = []
+        for request in batch:
+            if request.future.done():  # caller cancelled or timed out
+                self.items_dropped += len(request.items)
+            elif request.deadline <= now:
+                self.items_dropped += len(request.items)
+                request.future.set_exception(
+                    DeadlineExceeded(f"{self.name}: dropped from queue, deadline passed")
+                )
+            else:
+                live.append(request)
+        return live
+
+    async def _run(self, batch: list[_Request[In, Out]]) -> None:
+        try:
+            live = self._admit(batch)
+            if not live:
+                return
+            loop = asyncio.get_running_loop()
+
+            def work() -> tuple[list[_Request[In, Out]], list[Out], float, float, float]:
+                # Deadline-aware admission again: the executor may have been busy.
+                started = time.monotonic()
+                admitted = [r for r in live if r.deadline > started and not r.future.done()]
+                if not admitted:
+                    return [], [], started, 0.0, 0.0
+                items = [item for r in admitted for item in r.items]
+                outputs, tok_s, inf_s = self._fn(items)
+                return admitted, outputs, started, tok_s, inf_s
+
+            admitted, outputs, started, tok_s, inf_s = await loop.run_in_executor(
+                self._executor, work
+            )
+            self.batches_run += 1
+            offset = 0
+            n = sum(len(r.items) for r in admitted)
+            for request in live:
+                if request not in admitted:
+                    if not request.future.done():
+                        request.future.set_exception(
+                            DeadlineExceeded(f"{self.name}: deadline passed while queued")
+                        )
+                    continue
+                part = outputs[offset : offset + len(request.items)]
+                offset += len(request.items)
+                if not request.future.done():
+                    timing = Timing(
+                        queue_ms=(started - request.enqueued) * 1000,
+                        tokenize_ms=tok_s * 1000,
+                        inference_ms=inf_s * 1000,
+                        batch_size=n,
+                    )
+                    request.future.set_result((part, timing))
+        except BaseException as exc:  # a model failure fails its batch, not the loop
+            for request in batch:
+                if not request.future.done():
+                    if isinstance(exc, asyncio.CancelledError):
+                        request.future.cancel()
+                    else:
+                        request.future.set_exception(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+        finally:
+            self._slots.release()
+
+
+def _timed_embed(
+    backend: EmbeddingBackend, kind: str
+) -> BatchFn[str, FloatArray]:
+    def run(texts: list[str]) -> tuple[list[FloatArray], float, float]:
+        t0 = time.perf_counter()
+        encoded = backend.tokenize(texts, "query" if kind == "query" else "passage")
+        t1 = time.perf_counter()
+        vectors = backend.infer(encoded)
+        t2 = time.perf_counter()
+        return [np.asarray(v, dtype=np.float32) for v in vectors], t1 - t0, t2 - t1
+
+    return run
+
+
+def _timed_rerank(backend: CrossEncoderBackend) -> BatchFn[tuple[str, str], float]:
+    def run(pairs: list[tuple[str, str]]) -> tuple[list[float], float, float]:
+        t0 = time.perf_counter()
+        encoded = backend.tokenize(pairs)
+        t1 = time.perf_counter()
+        logits = backend.infer(encoded)
+        t2 = time.perf_counter()
+        return [float(x) for x in np.asarray(logits).reshape(-1)], t1 - t0, t2 - t1
+
+    return run
+
+
+class ModelRuntime:
+    """Embedding and rerank entry points for the pipeline, all async, all pooled."""
+
+    def __init__(
+        self,
+        embedder: EmbeddingBackend,
+        reranker: CrossEncoderBackend | None,
+        *,
+        workers: int = 2,
+        max_batch: int = 16,
+        max_wait_ms: float = 2.0,
+        max_queue: int = 256,
+    ) -> None:
+        self.embedder = embedder
+        self.reranker = reranker
+        self.executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix="model"
+        )
+        common = dict(max_wait_s=max_wait_ms / 1000, max_queue=max_queue, concurrency=workers)
+        self._queries: MicroBatcher[str, FloatArray] = MicroBatcher(
+            "embed-query", _timed_embed(embedder, "query"), self.executor,
+            max_batch=max(max_batch, 32), **common,  # type: ignore[arg-type]
+        )
+        self._passages: MicroBatcher[str, FloatArray] = MicroBatcher(
+            "embed-passage", _timed_embed(embedder, "passage"), self.executor,
+            max_batch=max_batch, **common,  # type: ignore[arg-type]
+        )
+        self._rerank: MicroBatcher[tuple[str, str], float] | None = None
+        if reranker is not None:
+            self._rerank = MicroBatcher(
+                "rerank", _timed_rerank(reranker), self.executor,
+                max_batch=max(max_batch, 32), **common,  # type: ignore[arg-type]
+            )
+        self._batchers: list[MicroBatcher[str, FloatArray] | MicroBatcher[tuple[str, str], float]] = [
+            self._queries, self._passages
+        ] + ([self._rerank] if self._rerank is not None else [])
+
+    @property
+    def model_infos(self) -> list[ModelInfo]:
+        infos = [self.embedder.info]
+        if self.reranker is not None:
+            infos.append(self.reranker.info)
+        return infos
+
+    async def start(self) -> None:
+        for batcher in self._batchers:
+            batcher.start()
+        # Warm up inside the pool so the first caller does not pay session start-up.
+        deadline = time.monotonic() + 120
+        await self.embed_query("warm up", deadline)
+        if self._rerank is not None:
+            await self.rerank("warm up", ["warm up"], deadline)
+
+    async def close(self) -> None:
+        for batcher in self._batchers:
+            await batcher.close()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    def overloaded(self) -> bool:
+        """Explicit overload check: any queue past 90% of its bound."""
+        return any(b.depth >= 0.9 * b.capacity for b in self._batchers)
+
+    async def embed_query(self, text: str, deadline: float) -> tuple[FloatArray, Timing]:
+        vectors, timing = await self._queries.submit([text], deadline)
+        return vectors[0], timing
+
+    async def embed_passages(
+        self, texts: Sequence[str], deadline: float, batch: int = 16
+    ) -> tuple[FloatArray, Timing]:
+        total = Timing()
+        parts: list[FloatArray] = []
+        pending = [
+            self._passages.submit(list(texts[i : i + batch]), deadline)
+            for i in range(0, len(texts), batch)
+        ]
+        for vectors, timing in await asyncio.gather(*pending):
+            parts.extend(vectors)
+            total = total.add(timing)
+        dim = self.embedder.dimension
+        matrix = np.stack(parts).astype(np.float32) if parts else np.zeros((0, dim), np.float32)
+        return matrix, total
+
+    async def rerank(
+        self, query: str, passages: Sequence[str], deadline: float
+    ) -> tuple[list[float], Timing]:
+        if self._rerank is None:
+            raise RuntimeError("no reranker configured")
+        return await self._rerank.submit([(query, p) for p in passages], deadline)

@@ -1,0 +1,424 @@
+"""One retrieval attempt: policy -> legs -> fuse -> rerank -> post-process -> outcome.
+
+The runner is an async generator of typed events (leg reports as legs finish, evidence
+in final order, then exactly one result). Every attempt that reaches the policy checks is
+recorded in the ledger, whatever its outcome, including a caller that cancels.
+
+Outcome rules (shared/DESIGN.md section 2):
+- EMPTY only when every planned leg finished OK and nothing matched;
+- no usable result and a leg that did not finish: BACKEND_ERROR if any leg errored,
+  else TIMEOUT;
+- evidence from the survivors of a failed leg is marked degraded;
+- a reranker that times out or fails falls back to the fused order, marked degraded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass, field
+
+from service.config import Config
+from service.domain import (
+    AttemptRecord,
+    GapKind,
+    LegKind,
+    LegReport,
+    LegStatus,
+    LegTiming,
+    Outcome,
+    QualitySource,
+    RelevanceLevel,
+)
+from service.engines.base import (
+    Engine,
+    EngineTimeout,
+    EngineUnavailable,
+    Hit,
+    PartialReason,
+    SearchFilter,
+    SearchResponse,
+)
+from service.errors import DeadlineExceeded, Overloaded
+from service.ledger.store import Ledger
+from service.models.runtime import ModelRuntime, Timing
+from service.pipeline.fusion import Candidate, max_rrf_score, rrf
+from service.pipeline.postprocess import admissible, apply_context_budget, dedupe
+from service.pipeline.relevance import assign_quality, relevance_level
+from service.pipeline.request import AttemptRequest, Principal
+
+CHANNEL = "knowledge_base"
+# Kept back from the caller's deadline for fusion, post-processing and the reply.
+_REPLY_MARGIN_S = 0.05
+
+
+@dataclass
+class EvidenceOut:
+    candidate: Candidate
+    rank: int
+    excerpt: str
+    context: str
+
+
+@dataclass
+class AttemptResultOut:
+    attempt_id: str
+    outcome: Outcome
+    relevance_level: RelevanceLevel = RelevanceLevel.NONE
+    returned_count: int = 0
+    truncated: bool = False
+    degraded: bool = False
+    legs: list[LegReport] = field(default_factory=list)
+    stopping_reason: str = ""
+    retrieved_count: int = 0
+    admissible_count: int = 0
+    quality_source: QualitySource = QualitySource.NONE
+    top_quality: float = 0.0
+    retried_unfiltered: bool = False
+    budget_before: int | None = None
+    budget_after: int | None = None
+    timing: LegTiming = field(default_factory=LegTiming)
+    total_ms: float = 0.0
+    model_ids: list[str] = field(default_factory=list)
+    engine: str = ""
+
+    @property
+    def evidence_found(self) -> bool:
+        return self.outcome is Outcome.EVIDENCE_FOUND
+
+
+@dataclass
+class LegEvent:
+    report: LegReport
+
+
+@dataclass
+class EvidenceEvent:
+    evidence: EvidenceOut
+
+
+@dataclass
+class ResultEvent:
+    result: AttemptResultOut
+
+
+Event = LegEvent | EvidenceEvent | ResultEvent
+
+
+@dataclass
+class _LegRun:
+    report: LegReport
+    hits: list[Hit]
+
+
+def _classify(exc: BaseException) -> tuple[LegStatus, str]:
+    if isinstance(exc, (EngineTimeout, DeadlineExceeded, TimeoutError)):
+        return LegStatus.TIMEOUT, str(exc) or "deadline share exceeded"
+    if isinstance(exc, Overloaded):
+        return LegStatus.ERROR, f"overloaded: {exc}"
+    if isinstance(exc, EngineUnavailable):
+        return LegStatus.ERROR, f"engine unavailable: {exc}"
+    return LegStatus.ERROR, f"{type(exc).__name__}: {exc}"
+
+
+def _from_response(kind: LegKind, resp: SearchResponse, latency_ms: float) -> _LegRun:
+    if resp.complete:
+        status, detail = LegStatus.OK, ""
+    elif resp.partial_reason is PartialReason.TIMED_OUT:
+        status, detail = LegStatus.TIMEOUT, resp.detail or "engine reported timed_out"
+    else:
+        status, detail = LegStatus.ERROR, resp.detail or "engine reported failed shards"
+    return _LegRun(LegReport(kind, status, latency_ms, len(resp.hits), detail), resp.hits)
+
+
+def _timing(t: Timing) -> LegTiming:
+    return LegTiming(t.queue_ms, t.tokenize_ms, t.inference_ms)
+
+
+class AttemptRunner:
+    def __init__(self, cfg: Config, engine: Engine, runtime: ModelRuntime, ledger: Ledger) -> None:
+        self.cfg = cfg
+        self.engine = engine
+        self.runtime = runtime
+        self.ledger = ledger
+
+    @property
+    def model_ids(self) -> list[str]:
+        return [f"{i.model_id}@{i.sha256[:12]}" for i in self.runtime.model_infos]
+
+    # -- legs -------------------------------------------------------------------------
+
+    async def _bm25(self, query: str, flt: SearchFilter, share_s: float) -> _LegRun:
+        t0 = time.monotonic()
+        try:
+            resp = await asyncio.wait_for(
+                self.engine.bm25(query, self.cfg.candidates_per_leg, flt, share_s), share_s
+            )
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            status, detail = _classify(exc)
+            return _LegRun(LegReport(LegKind.BM25, status, (time.monotonic() - t0) * 1000, 0, detail), [])
+        return _from_response(LegKind.BM25, resp, (time.monotonic() - t0) * 1000)
+
+    async def _knn(self, query: str, flt: SearchFilter, share_s: float) -> _LegRun:
+        t0 = time.monotonic()
+        deadline = t0 + share_s
+        timing = Timing()
+        try:
+            vector, timing = await asyncio.wait_for(self.runtime.embed_query(query, deadline), share_s)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise DeadlineExceeded("no time left for the vector search after embedding")
+            resp = await asyncio.wait_for(
+                self.engine.knn(vector, self.cfg.candidates_per_leg, flt, left), left
+            )
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            status, detail = _classify(exc)
+            report = LegReport(LegKind.KNN, status, (time.monotonic() - t0) * 1000, 0, detail, _timing(timing))
+            return _LegRun(report, [])
+        run = _from_response(LegKind.KNN, resp, (time.monotonic() - t0) * 1000)
+        run.report.timing = _timing(timing)
+        return run
+
+    async def _search(
+        self, req: AttemptRequest, flt: SearchFilter, legs: tuple[LegKind, ...], deadline: float
+    ) -> AsyncIterator[_LegRun]:
+        share = max(0.0, (deadline - time.monotonic() - _REPLY_MARGIN_S) * self.cfg.retrieval_share)
+        calls: list[Awaitable[_LegRun]] = []
+        if LegKind.BM25 in legs:
+            calls.append(self._bm25(req.query, flt, share))
+        if LegKind.KNN in legs:
+            calls.append(self._knn(req.query, flt, share))
+        tasks = [asyncio.ensure_future(c) for c in calls]
+        try:
+            for next_done in asyncio.as_completed(tasks):
+                yield await next_done
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    # -- the attempt ------------------------------------------------------------------
+
+    async def run(
+        self, req: AttemptRequest, principal: Principal, deadline: float
+    ) -> AsyncIterator[Event]:
+        """Run one attempt. ``deadline`` is absolute, on the time.monotonic() clock."""
+        started = time.monotonic()
+        attempt_id = uuid.uuid4().hex
+        result = AttemptResultOut(attempt_id, Outcome.EMPTY, model_ids=self.model_ids, engine=self.engine.name)
+        evidence: list[EvidenceOut] = []
+        try:
+            async for event in self._run(req, principal, deadline, result, evidence):
+                yield event
+        except (asyncio.CancelledError, GeneratorExit):
+            result.outcome, result.stopping_reason = Outcome.CANCELLED, "cancelled"
+            evidence = []
+            await asyncio.shield(self._record(req, principal, result, evidence, started))
+            raise
+        result.total_ms = (time.monotonic() - started) * 1000
+        await self._record(req, principal, result, evidence, started)
+        yield ResultEvent(result)
+
+    async def _record(
+        self, req: AttemptRequest, principal: Principal, result: AttemptResultOut,
+        evidence: list[EvidenceOut], started: float,
+    ) -> None:
+        result.total_ms = (time.monotonic() - started) * 1000
+        record = AttemptRecord(
+            attempt_id=result.attempt_id, run_id=req.run_id,
+            gap_id=req.gap.gap_id if req.gap else "", channel=CHANNEL, query=req.query,
+            requested_top_k=req.top_k, outcome=result.outcome,
+            stopping_reason=result.stopping_reason, principal=principal.name,
+            created_at_ms=int(time.time() * 1000),
+            evidence_ids=[e.candidate.chunk.chunk_id for e in evidence],
+            retrieved_count=result.retrieved_count, admissible_count=result.admissible_count,
+            legs=list(result.legs), budget_before=result.budget_before,
+            budget_after=result.budget_after, total_ms=result.total_ms, model_ids=result.model_ids,
+        )
+        await self.ledger.record_attempt(record)
+
+    async def _run(
+        self, req: AttemptRequest, principal: Principal, deadline: float,
+        result: AttemptResultOut, evidence: list[EvidenceOut],
+    ) -> AsyncIterator[Event]:
+        cfg = self.cfg
+        # 1. Policy: the gap kind, then the budget. Nothing is searched when refused.
+        if req.gap is not None and req.gap.kind is GapKind.USER_INFORMATION:
+            result.outcome = Outcome.PERMISSION_DENIED
+            result.stopping_reason = "gap_kind_user_information"
+            return
+        top_k = req.top_k
+        if req.run_id:
+            decision = await self.ledger.reserve_search(
+                req.run_id,
+                req.budget_max_searches or cfg.default_max_searches,
+                req.budget_max_results or cfg.default_max_results_per_search,
+            )
+            result.budget_before, result.budget_after = decision.before, decision.after
+            if not decision.allowed:
+                result.outcome, result.stopping_reason = Outcome.BUDGET_DENIED, "budget_exhausted"
+                return
+            top_k = min(top_k, decision.max_results_per_search)
+
+        legs = req.legs or (LegKind.BM25, LegKind.KNN)
+        acl = None if principal.unrestricted else principal.groups
+        flt = SearchFilter(req.collections, req.source_ids, dict(req.metadata), acl)
+
+        # 2. Legs, concurrently; retried once without the category filter when weak.
+        runs: list[_LegRun] = []
+        async for r in self._emit_legs(req, flt, legs, deadline):
+            runs.append(r)
+            yield LegEvent(r.report)  # as each leg finishes
+        candidates = self._fuse(runs)
+        retry_keys = [k for k in cfg.retry_unfiltered_keys if k in flt.metadata]
+        if retry_keys and self._weak(candidates, runs) and time.monotonic() < deadline - _REPLY_MARGIN_S:
+            loose = SearchFilter(flt.collections, flt.source_ids,
+                                 {k: v for k, v in flt.metadata.items() if k not in retry_keys}, flt.acl_groups)
+            runs = []
+            async for r in self._emit_legs(req, loose, legs, deadline):
+                r.report.detail = (r.report.detail + " " if r.report.detail else "") + "(retry without category filter)"
+                runs.append(r)
+                yield LegEvent(r.report)
+            candidates = self._fuse(runs)
+            result.retried_unfiltered = True
+        result.legs = [r.report for r in runs]
+        failed = [r.report for r in runs if r.report.status is not LegStatus.OK]
+        result.degraded = bool(failed)
+        result.retrieved_count = len(candidates)
+        for r in runs:
+            if r.report.timing:
+                result.timing = LegTiming(
+                    result.timing.queue_ms + r.report.timing.queue_ms,
+                    result.timing.tokenize_ms + r.report.timing.tokenize_ms,
+                    result.timing.inference_ms + r.report.timing.inference_ms,
+                )
+
+        def infra_failure(reason: str) -> None:
+            errored = any(f.status is LegStatus.ERROR for f in failed)
+            result.outcome = Outcome.BACKEND_ERROR if errored else Outcome.TIMEOUT
+            result.stopping_reason = reason
+
+        if not candidates:
+            if failed:
+                infra_failure("legs_failed_no_hits")
+            else:
+                result.outcome, result.stopping_reason = Outcome.EMPTY, "completed_no_match"
+            self._add_rerank_report(result, LegStatus.SKIPPED, "nothing to rerank", req)
+            return
+
+        # 3. Admissibility and dedupe before reranking: never spend the model on drafts.
+        statuses = cfg.admissible_statuses
+        allowed = [c for c in candidates if admissible(c, statuses, req.version_pins)]
+        result.admissible_count = len(allowed)
+        if not allowed:
+            self._add_rerank_report(result, LegStatus.SKIPPED, "nothing admissible to rerank", req)
+            if failed:
+                infra_failure("legs_failed_none_admissible")
+            else:
+                result.outcome, result.stopping_reason = Outcome.INADMISSIBLE, "none_admissible"
+            return
+        ranked = dedupe(allowed)
+
+        # 4. Rerank (falls back to the fused order on timeout/failure, and says so).
+        reranked = await self._rerank(req, ranked, deadline, result)
+
+        # 5. Quality, gate, relevance, budget.
+        weights = [cfg.bm25_weight if r.report.kind is LegKind.BM25 else cfg.knn_weight for r in runs]
+        max_fused = max_rrf_score(weights, cfg.rrf_k)
+        sources = [assign_quality(c, reranked=reranked, max_fused=max_fused) for c in ranked]
+        min_quality = req.min_quality or cfg.min_quality
+        gated = [c for c in ranked if c.quality >= min_quality]
+        if not gated:
+            if failed:
+                infra_failure("legs_failed_none_passed_gate")
+            else:
+                result.outcome, result.stopping_reason = Outcome.INSUFFICIENT, "below_quality_gate"
+            result.top_quality = ranked[0].quality
+            result.quality_source = sources[0]
+            return
+        top = gated[0]
+        result.top_quality = top.quality
+        result.quality_source = sources[ranked.index(top)]
+        result.relevance_level = relevance_level(top.quality, cfg.precise_threshold, cfg.reference_threshold)
+        budget = req.max_context_chars or cfg.max_context_chars
+        items, truncated = apply_context_budget(gated, top_k, budget)
+        result.truncated = truncated
+        result.outcome, result.stopping_reason = Outcome.EVIDENCE_FOUND, (
+            "completed_degraded" if result.degraded else "completed"
+        )
+        for rank, b in enumerate(items, start=1):
+            out = EvidenceOut(b.candidate, rank, b.excerpt, b.context)
+            evidence.append(out)
+            yield EvidenceEvent(out)
+        result.returned_count = len(evidence)
+
+    async def _emit_legs(
+        self, req: AttemptRequest, flt: SearchFilter, legs: tuple[LegKind, ...], deadline: float
+    ) -> AsyncIterator[_LegRun]:
+        skipped = [k for k in (LegKind.BM25, LegKind.KNN) if k not in legs]
+        async for run in self._search(req, flt, legs, deadline):
+            yield run
+        for kind in skipped:
+            yield _LegRun(LegReport(kind, LegStatus.SKIPPED, 0.0, 0, "not requested"), [])
+
+    def _fuse(self, runs: list[_LegRun]) -> list[Candidate]:
+        hits = {r.report.kind: r.hits for r in runs}
+        return rrf(hits.get(LegKind.BM25, []), hits.get(LegKind.KNN, []), k=self.cfg.rrf_k,
+                   bm25_weight=self.cfg.bm25_weight, knn_weight=self.cfg.knn_weight)
+
+    def _weak(self, candidates: list[Candidate], runs: list[_LegRun]) -> bool:
+        if not candidates:
+            return True
+        weights = [self.cfg.bm25_weight if r.report.kind is LegKind.BM25 else self.cfg.knn_weight
+                   for r in runs if r.report.status is not LegStatus.SKIPPED]
+        best = max(candidates, key=lambda c: c.fused_score)
+        assign_quality(best, reranked=False, max_fused=max_rrf_score(weights, self.cfg.rrf_k))
+        return best.quality < self.cfg.reference_threshold
+
+    def _add_rerank_report(self, result: AttemptResultOut, status: LegStatus, detail: str, req: AttemptRequest) -> None:
+        if req.rerank is False:
+            detail = "disabled by request"
+        elif self.runtime.reranker is None:
+            detail = "no reranker model configured"
+        result.legs.append(LegReport(LegKind.RERANK, status, 0.0, 0, detail))
+
+    async def _rerank(
+        self, req: AttemptRequest, ranked: list[Candidate], deadline: float, result: AttemptResultOut
+    ) -> bool:
+        if req.rerank is False or self.runtime.reranker is None:
+            self._add_rerank_report(result, LegStatus.SKIPPED, "", req)
+            return False
+        head = ranked[: self.cfg.rerank_top_n]
+        t0 = time.monotonic()
+        left = deadline - t0 - _REPLY_MARGIN_S
+        timing = Timing()
+        try:
+            if left <= 0:
+                raise DeadlineExceeded("no time left for reranking")
+            passages = [f"{c.chunk.title}\n{c.chunk.text}" for c in head]
+            scores, timing = await asyncio.wait_for(
+                self.runtime.rerank(req.query, passages, t0 + left), left
+            )
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            status, detail = _classify(exc)
+            result.legs.append(LegReport(LegKind.RERANK, status, (time.monotonic() - t0) * 1000, 0,
+                                         f"{detail}; fell back to the fused order", _timing(timing)))
+            result.degraded = True
+            return False
+        for c, s in zip(head, scores):
+            c.rerank_score = s
+        head.sort(key=lambda c: -(c.rerank_score or 0.0))
+        ranked[: len(head)] = head
+        result.legs.append(LegReport(LegKind.RERANK, LegStatus.OK, (time.monotonic() - t0) * 1000,
+                                     len(head), "", _timing(timing)))
+        result.timing = LegTiming(result.timing.queue_ms + timing.queue_ms,
+                                  result.timing.tokenize_ms + timing.tokenize_ms,
+                                  result.timing.inference_ms + timing.inference_ms)
+        return True

@@ -1,0 +1,50 @@
+"""Fusion of the lexical and vector ranked lists.
+
+Reciprocal Rank Fusion (Cormack et al. 2009): score(d) = sum_leg w_leg / (k + rank_leg(d)),
+rank 1-based, k = 60 by default. Scores from different legs are on different scales, so
+RRF uses ranks only; weights let a tuned deployment favour one leg.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from service.engines.base import ChunkRecord, Hit
+
+
+@dataclass
+class Candidate:
+    chunk: ChunkRecord
+    fused_score: float = 0.0
+    bm25_score: float | None = None
+    bm25_rank: int | None = None
+    distance: float | None = None  # L2 between unit vectors
+    knn_rank: int | None = None
+    rerank_score: float | None = None
+    quality: float = 0.0
+
+    @property
+    def dense_score(self) -> float | None:
+        """Cosine similarity recovered from the unit-vector L2 distance."""
+        return None if self.distance is None else 1.0 - self.distance * self.distance / 2.0
+
+
+def rrf(
+    bm25: list[Hit], knn: list[Hit], *, k: int = 60, bm25_weight: float = 1.0, knn_weight: float = 1.0
+) -> list[Candidate]:
+    """Fuse two ranked hit lists; ties keep BM25 order, then kNN order (stable)."""
+    by_id: dict[str, Candidate] = {}
+    for rank, hit in enumerate(bm25, start=1):
+        c = by_id.setdefault(hit.chunk.chunk_id, Candidate(hit.chunk))
+        c.bm25_score, c.bm25_rank = hit.score, rank
+        c.fused_score += bm25_weight / (k + rank)
+    for rank, hit in enumerate(knn, start=1):
+        c = by_id.setdefault(hit.chunk.chunk_id, Candidate(hit.chunk))
+        c.distance, c.knn_rank = hit.distance, rank
+        c.fused_score += knn_weight / (k + rank)
+    return sorted(by_id.values(), key=lambda c: -c.fused_score)
+
+
+def max_rrf_score(weights: list[float], k: int) -> float:
+    """The score of a document ranked first by every leg that ran."""
+    return sum(w / (k + 1) for w in weights)

@@ -1,0 +1,67 @@
+"""Post-processing of fused candidates: admissibility, dedupe, context budget."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from service.pipeline.fusion import Candidate
+
+
+def admissible(c: Candidate, statuses: Sequence[str], version_pins: dict[str, str]) -> bool:
+    """Policy: the source version's status is allowed, and a pinned source matches its pin."""
+    chunk = c.chunk
+    if chunk.status not in statuses:
+        return False
+    pin = version_pins.get(chunk.source_id)
+    return pin is None or pin == chunk.version
+
+
+def dedupe(candidates: Iterable[Candidate]) -> list[Candidate]:
+    """Keep the best child per parent section (they share one context) and drop repeated
+    texts across sources; input order is rank order."""
+    seen: set[str] = set()
+    out = []
+    for c in candidates:
+        chunk = c.chunk
+        parent_key = f"p:{chunk.source_id}@{chunk.version}:{hashlib.sha1(chunk.parent_text.encode()).hexdigest()}"
+        text_key = "t:" + hashlib.sha1(" ".join(chunk.text.split()).encode()).hexdigest()
+        if parent_key in seen or text_key in seen:
+            continue
+        seen.update((parent_key, text_key))
+        out.append(c)
+    return out
+
+
+@dataclass(frozen=True)
+class Budgeted:
+    candidate: Candidate
+    excerpt: str
+    context: str
+
+
+def apply_context_budget(
+    candidates: Sequence[Candidate], top_k: int, max_chars: int
+) -> tuple[list[Budgeted], bool]:
+    """Take up to top_k items while excerpt + context characters fit in max_chars.
+
+    The item that crosses the budget is cut (context first, then excerpt); later items are
+    dropped. Returns the items and whether anything was cut or dropped.
+    """
+    out: list[Budgeted] = []
+    left = max_chars
+    truncated = len(candidates) > top_k
+    for c in candidates[:top_k]:
+        if left <= 0:
+            truncated = True
+            break
+        excerpt = c.chunk.text
+        context = c.chunk.parent_text if c.chunk.parent_text != c.chunk.text else ""
+        if len(excerpt) > left:
+            excerpt, context, truncated = excerpt[:left], "", True
+        elif len(excerpt) + len(context) > left:
+            context, truncated = context[: left - len(excerpt)], True
+        left -= len(excerpt) + len(context)
+        out.append(Budgeted(c, excerpt, context))
+    return out, truncated
