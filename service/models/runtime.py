@@ -116,7 +116,12 @@ class MicroBatcher(Generic[In, Out]):
             self._queue.put_nowait(request)
         except asyncio.QueueFull:
             raise Overloaded(f"{self.name} queue is full ({self.capacity})", retry_after_s=0.2)
-        return await request.future
+        try:
+            # On timeout wait_for cancels the future, so a worker that picks the request
+            # up later sees it done and skips it.
+            return await asyncio.wait_for(request.future, deadline - now)
+        except TimeoutError:
+            raise DeadlineExceeded(f"{self.name}: deadline passed before the model answered")
 
     async def _next(self, timeout: float | None) -> _Request[In, Out] | None:
         if self._carry is not None:
@@ -190,6 +195,7 @@ class MicroBatcher(Generic[In, Out]):
             n = sum(len(r.items) for r in admitted)
             for request in live:
                 if request not in admitted:
+                    self.items_dropped += len(request.items)
                     if not request.future.done():
                         request.future.set_exception(
                             DeadlineExceeded(f"{self.name}: deadline passed while queued")

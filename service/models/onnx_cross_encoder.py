@@ -1,0 +1,64 @@
+"""Cross-encoder reranking from a built model dir (``kind: cross-encoder``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from service.models._ort import load_tokenizer, make_session, pad_batch
+from service.models.base import CrossEncoderBackend, Encoded, FloatArray, ModelInfo
+from service.models.manifest import MODEL_FILE, TOKENIZER_FILE, read_manifest
+
+
+class OnnxCrossEncoder(CrossEncoderBackend):
+    """Pairs go through the tokenizer's pair template (``[CLS] q [SEP] p [SEP]``).
+    Truncation is "only second" done by hand: the query is clipped to half the budget and
+    the passage gets the rest, so a pair's tokens never depend on the other pairs in its
+    batch and a long query cannot make the pair untruncatable. Thread-safe, like
+    ``OnnxEmbedder``."""
+
+    def __init__(self, model_dir: Path, threads: int = 1, max_length: int | None = None) -> None:
+        manifest = read_manifest(model_dir, "cross-encoder")
+        limit = int(manifest["max_length"])
+        self.max_length = min(max_length or limit, limit)
+        self.max_query_tokens = self.max_length // 2
+        self.info = ModelInfo(
+            model_id=str(manifest["model_id"]),
+            kind="cross-encoder",
+            sha256=str(manifest["onnx_sha256"]),
+            max_length=self.max_length,
+        )
+        self._tokenizer, self._pad_id = load_tokenizer(model_dir / TOKENIZER_FILE)
+        # Tokens left for query + passage once the template's specials are in.
+        self._pair_budget = self.max_length - self._tokenizer.num_special_tokens_to_add(True)
+        if self._pair_budget - self.max_query_tokens < 1:
+            raise ValueError(f"max_length {self.max_length} leaves no room for the passage")
+        self._session = make_session(model_dir / MODEL_FILE, threads)
+        self._inputs = {i.name for i in self._session.get_inputs()}
+        self._output = self._session.get_outputs()[0].name
+
+    def tokenize(self, pairs: list[tuple[str, str]]) -> Encoded:
+        tok = self._tokenizer
+        queries = tok.encode_batch([q for q, _ in pairs], add_special_tokens=False)
+        passages = tok.encode_batch([p for _, p in pairs], add_special_tokens=False)
+        encodings = []
+        for q, p in zip(queries, passages):
+            q.truncate(self.max_query_tokens)
+            p.truncate(self._pair_budget - len(q.ids))
+            encodings.append(tok.post_process(q, p, add_special_tokens=True))
+        ids, mask, types = pad_batch(encodings, self._pad_id)
+        return Encoded(input_ids=ids, attention_mask=mask, token_type_ids=types if "token_type_ids" in self._inputs else None)
+
+    def infer(self, encoded: Encoded) -> FloatArray:
+        if encoded.batch_size == 0:
+            return np.zeros((0,), dtype=np.float32)
+        feeds = {"input_ids": encoded.input_ids, "attention_mask": encoded.attention_mask}
+        if encoded.token_type_ids is not None:
+            feeds["token_type_ids"] = encoded.token_type_ids
+        out = self._session.run([self._output], feeds)[0]
+        return np.asarray(out, dtype=np.float32).reshape(encoded.batch_size)
+
+
+def load_cross_encoder(model_dir: Path, threads: int = 1, max_length: int | None = None) -> OnnxCrossEncoder:
+    return OnnxCrossEncoder(model_dir, threads=threads, max_length=max_length)

@@ -1,0 +1,123 @@
+"""The micro-batcher and the model runtime, with real threads and real deadlines."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from service.errors import DeadlineExceeded, Overloaded
+from service.models.dummy import HashEmbedder, OverlapCrossEncoder
+from service.models.runtime import MicroBatcher, ModelRuntime
+
+
+def _identity_batches(log: list[int]):  # type: ignore[no-untyped-def]
+    def run(items: list[int]) -> tuple[list[int], float, float]:
+        log.append(len(items))
+        time.sleep(0.02)
+        return [i * 10 for i in items], 0.0, 0.02
+
+    return run
+
+
+async def test_concurrent_requests_are_batched_and_results_routed() -> None:
+    import concurrent.futures
+
+    log: list[int] = []
+    ex = concurrent.futures.ThreadPoolExecutor(1)
+    b: MicroBatcher[int, int] = MicroBatcher("t", _identity_batches(log), ex, max_batch=8,
+                                             max_wait_s=0.01, max_queue=100, concurrency=1)
+    b.start()
+    deadline = time.monotonic() + 5
+    results = await asyncio.gather(*(b.submit([i], deadline) for i in range(20)))
+    assert [r[0] for r in results] == [[i * 10] for i in range(20)]
+    assert max(log) > 1, "concurrent requests should share batches"
+    assert all(n <= 8 for n in log)
+    assert results[-1][1].batch_size >= 1
+    await b.close()
+    ex.shutdown()
+
+
+async def test_full_queue_is_refused_with_retry_delay() -> None:
+    import concurrent.futures
+
+    ex = concurrent.futures.ThreadPoolExecutor(1)
+    b: MicroBatcher[int, int] = MicroBatcher("t", _identity_batches([]), ex, max_batch=1,
+                                             max_wait_s=0.0, max_queue=2, concurrency=1)
+    # Not started: nothing drains the queue, so the third request overflows it.
+    deadline = time.monotonic() + 5
+    pending = [asyncio.ensure_future(b.submit([i], deadline)) for i in range(2)]
+    await asyncio.sleep(0)
+    with pytest.raises(Overloaded) as err:
+        await b.submit([9], deadline)
+    assert err.value.retry_after_s > 0
+    for p in pending:
+        p.cancel()
+    ex.shutdown()
+
+
+async def test_work_whose_deadline_passed_in_queue_is_dropped_not_run() -> None:
+    import concurrent.futures
+
+    log: list[int] = []
+    ex = concurrent.futures.ThreadPoolExecutor(1)
+    gate = threading.Event()
+    ex.submit(gate.wait)  # the only worker is busy: real contention, not a mock
+    b: MicroBatcher[int, int] = MicroBatcher("t", _identity_batches(log), ex, max_batch=4,
+                                             max_wait_s=0.0, max_queue=10, concurrency=1)
+    b.start()
+    try:
+        with pytest.raises(DeadlineExceeded):
+            await asyncio.wait_for(b.submit([1], time.monotonic() + 0.1), 1.0)
+    finally:
+        gate.set()
+    await asyncio.sleep(0.2)
+    assert log == [], "expired work must not reach the model"
+    assert b.items_dropped == 1
+    await b.close()
+    ex.shutdown()
+
+
+async def test_model_failure_fails_its_batch_not_the_batcher() -> None:
+    import concurrent.futures
+
+    calls = {"n": 0}
+
+    def flaky(items: list[int]) -> tuple[list[int], float, float]:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("boom")
+        return items, 0.0, 0.0
+
+    ex = concurrent.futures.ThreadPoolExecutor(1)
+    b: MicroBatcher[int, int] = MicroBatcher("t", flaky, ex, max_batch=1, max_wait_s=0.0,
+                                             max_queue=10, concurrency=1)
+    b.start()
+    with pytest.raises(RuntimeError, match="boom"):
+        await b.submit([1], time.monotonic() + 5)
+    assert (await b.submit([2], time.monotonic() + 5))[0] == [2]
+    await b.close()
+    ex.shutdown()
+
+
+async def test_runtime_embeds_and_reranks_in_the_pool() -> None:
+    rt = ModelRuntime(HashEmbedder(), OverlapCrossEncoder(), workers=2)
+    await rt.start()
+    deadline = time.monotonic() + 10
+    vec, timing = await rt.embed_query("reset password", deadline)
+    assert vec.shape == (384,) and abs(float(np.linalg.norm(vec)) - 1) < 1e-5
+    assert timing.inference_ms >= 0 and timing.queue_ms >= 0
+    mat, _ = await rt.embed_passages([f"text {i}" for i in range(37)], deadline, batch=8)
+    assert mat.shape == (37, 384)
+    scores, _ = await rt.rerank("reset password", ["how to reset a password", "invoice pdf"], deadline)
+    assert scores[0] > scores[1]
+    loop_thread = threading.get_ident()
+    seen: list[int] = []
+    orig = rt.embedder.infer
+    rt.embedder.infer = lambda enc: (seen.append(threading.get_ident()), orig(enc))[1]  # type: ignore[method-assign]
+    await rt.embed_query("another", deadline)
+    assert seen and loop_thread not in seen, "model work must run in the executor pool"
+    await rt.close()
