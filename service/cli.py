@@ -26,6 +26,32 @@ def _json(msg: Any) -> dict[str, Any]:
     return out
 
 
+DEMO_HELP = """
+Demo corpus loaded. Query it from another terminal:
+
+  .venv/bin/python -m service query --target {addr} "how do I reset my password"
+  .venv/bin/python -m service query --target {addr} "如何开具发票" --json
+  .venv/bin/python -m service query --target {addr} "what changed in v2.4" --lookup
+
+or with grpcurl (reflection is on):
+
+  grpcurl -plaintext -d '{{"query": "refund policy", "top_k": 3}}' {addr} retrieval.v1.RetrievalService/Retrieve
+
+Stop with Ctrl-C.
+"""
+
+
+async def _ingest_demo(app: Any) -> None:
+    from service.demo.corpus import DEMO_DOCUMENTS
+    from service.ingest.documents import document_from_json
+
+    outcomes = [await app.ingestor.ingest(document_from_json(d)) for d in DEMO_DOCUMENTS]
+    await app.engine.refresh()
+    indexed = sum(o.status == "indexed" for o in outcomes)
+    unchanged = sum(o.status == "unchanged" for o in outcomes)
+    print(f"demo corpus: {indexed} documents indexed, {unchanged} unchanged", flush=True)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from service.api.server import serve
     from service.app import App
@@ -38,8 +64,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = App.build(cfg)
 
-    def ready(addr: str) -> None:
+    async def ready(addr: str) -> None:
         print(f"serving retrieval.v1 on {addr} (engine: {cfg.engine_kind}, data: {cfg.data_dir})", flush=True)
+        if args.demo:
+            await _ingest_demo(app)
+            print(DEMO_HELP.format(addr=addr), flush=True)
 
     asyncio.run(serve(app, cfg.listen, ready))
     return 0
@@ -201,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--reranker-model", default=None)
     s.add_argument("--api-keys", default=None, help="TOML file of API keys (enables auth)")
     s.add_argument("--config", default=None, help="TOML config file")
+    s.add_argument("--demo", action="store_true", help="ingest the demo corpus once serving")
     s.set_defaults(fn=cmd_serve)
 
     i = sub.add_parser("ingest", help="stream a JSONL file of documents into the server")

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Awaitable, Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -83,12 +84,15 @@ class Server:
         await self.app.close()
 
 
-async def serve(app: App, listen: str, on_ready: object = None) -> None:
+async def serve(
+    app: App, listen: str, on_ready: Callable[[str], Awaitable[None]] | None = None
+) -> None:
+    """Serve until SIGTERM/SIGINT; ``on_ready`` runs once with the bound address."""
     server = Server(app)
     port = await server.start(listen)
     host = listen.rsplit(":", 1)[0]
-    if callable(on_ready):
-        on_ready(f"{host}:{port}")
+    if on_ready is not None:
+        await on_ready(f"{host}:{port}")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -11,8 +11,10 @@ import re
 from dataclasses import dataclass
 
 _HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
-# Sentence ends in English and Chinese; keeps the delimiter with its sentence.
-_SENTENCE = re.compile(r"(?<=[.!?。！？；;])\s*")
+# Sentence ends: ASCII punctuation only before whitespace (so "v2.4" and "3.5" stay
+# whole); CJK full stops need none. The delimiter stays with its sentence.
+_SENTENCE = re.compile(r"(?<=[.!?;])\s+|(?<=[。！？；])")
+_CJK_END = ("。", "！", "？", "；")
 
 
 @dataclass(frozen=True)
@@ -47,10 +49,12 @@ def _sections(text: str, base: str) -> list[tuple[str, str]]:
 
 
 def _pack(pieces: list[str], limit: int, sep: str) -> list[str]:
-    """Greedily pack pieces into chunks of at most ``limit`` chars (a longer piece is cut)."""
+    """Greedily pack pieces into chunks of at most ``limit`` chars (a longer piece is cut).
+    Chinese sentences are joined without a separator, as they were written."""
     chunks: list[str] = []
     cur = ""
     for piece in pieces:
+        glue = "" if sep == " " and cur.endswith(_CJK_END) else sep
         while len(piece) > limit:
             if cur:
                 chunks.append(cur)
@@ -59,11 +63,11 @@ def _pack(pieces: list[str], limit: int, sep: str) -> list[str]:
             piece = piece[limit:]
         if not piece:
             continue
-        if cur and len(cur) + len(sep) + len(piece) > limit:
+        if cur and len(cur) + len(glue) + len(piece) > limit:
             chunks.append(cur)
             cur = piece
         else:
-            cur = f"{cur}{sep}{piece}" if cur else piece
+            cur = f"{cur}{glue}{piece}" if cur else piece
     if cur:
         chunks.append(cur)
     return chunks

@@ -47,11 +47,12 @@ def apply_context_budget(
     """Take up to top_k items while excerpt + context characters fit in max_chars.
 
     The item that crosses the budget is cut (context first, then excerpt); later items are
-    dropped. Returns the items and whether anything was cut or dropped.
+    dropped. Returns the items and whether the budget cut or dropped anything (top_k
+    alone is the caller's choice and does not count as truncation).
     """
     out: list[Budgeted] = []
     left = max_chars
-    truncated = len(candidates) > top_k
+    truncated = False
     for c in candidates[:top_k]:
         if left <= 0:
             truncated = True

@@ -37,3 +37,10 @@ def test_content_hash_tracks_content_and_model() -> None:
     assert d.content_hash("m1") == d.content_hash("m1")
     assert d.content_hash("m1") != d.content_hash("m2")
     assert d.content_hash("m1") != DocumentInput(source_id="s", version="v1", title="t", text="y", collection="doc").content_hash("m1")
+
+
+def test_version_numbers_are_not_sentence_breaks_and_chinese_joins_without_spaces() -> None:
+    chunks = chunk_document("Version v2.4 adds SAML 2.0 support. Next sentence.", "", "doc", 30, 400)
+    assert chunks[0].text.startswith("Version v2.4 adds SAML 2.0")
+    zh = chunk_document("第一句。第二句。", "", "doc", 100, 400)
+    assert zh[0].text == "第一句。第二句。"

@@ -80,6 +80,6 @@ def test_context_budget_cuts_and_flags() -> None:
     assert [len(i.excerpt) for i in items] == [100, 100, 50]
     assert truncated
     items, truncated = apply_context_budget(cands, top_k=2, max_chars=10_000)
-    assert len(items) == 2 and truncated  # top_k cut admissible evidence
+    assert len(items) == 2 and not truncated  # top_k is the caller's choice, not a cut
     items, truncated = apply_context_budget(cands[:2], top_k=2, max_chars=10_000)
     assert len(items) == 2 and not truncated

@@ -490,7 +490,7 @@ class AttemptResult(_message.Message):
     relevance_level: _types_pb2.RelevanceLevel.ValueType
     returned_count: _builtins.int
     truncated: _builtins.bool
-    """The context budget or top_k cut admissible evidence."""
+    """The context budget (max_context_chars) cut an excerpt or dropped evidence."""
     degraded: _builtins.bool
     """A leg failed or timed out and the evidence comes from the survivors, or the
     reranker fell back to the fused order.

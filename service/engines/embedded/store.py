@@ -1,0 +1,150 @@
+"""SQLite persistence for the embedded engine (``engine.sqlite3`` in the data directory).
+
+SQLite is the source of truth: every write commits here in one transaction before the
+in-memory index changes, and start-up rebuilds memory from it. ``seq`` keeps insertion order,
+so BM25 tie-breaks (lower doc id first) survive a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from service.engines.base import ChunkRecord
+
+FILENAME = "engine.sqlite3"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS documents (
+    source_id TEXT NOT NULL,
+    version TEXT NOT NULL,
+    content_hash TEXT NOT NULL,
+    PRIMARY KEY (source_id, version)
+);
+CREATE TABLE IF NOT EXISTS chunks (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    chunk_id TEXT NOT NULL UNIQUE,
+    source_id TEXT NOT NULL,
+    version TEXT NOT NULL,
+    chunk_index INTEGER NOT NULL,
+    collection TEXT NOT NULL,
+    status TEXT NOT NULL,
+    title TEXT NOT NULL,
+    breadcrumb TEXT NOT NULL,
+    text TEXT NOT NULL,
+    parent_text TEXT NOT NULL,
+    search_text TEXT NOT NULL,
+    acl TEXT NOT NULL,
+    metadata TEXT NOT NULL,
+    content_hash TEXT NOT NULL,
+    vector BLOB
+);
+CREATE INDEX IF NOT EXISTS chunks_by_document ON chunks (source_id, version);
+"""
+
+_COLUMNS = (
+    "chunk_id, source_id, version, chunk_index, collection, status, title, breadcrumb, "
+    "text, parent_text, search_text, acl, metadata, content_hash, vector"
+)
+
+
+class SqliteStore:
+    """One connection, used by one thread at a time (the engine holds its write lock)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(data_dir / FILENAME, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def load(self) -> Iterator[ChunkRecord]:
+        """Every chunk in insertion order (a document's chunks are contiguous)."""
+        for row in self._db.execute(f"SELECT {_COLUMNS} FROM chunks ORDER BY seq"):
+            yield _record(row)
+
+    def document_hashes(self) -> dict[tuple[str, str], str]:
+        rows = self._db.execute("SELECT source_id, version, content_hash FROM documents")
+        return {(s, v): h for s, v, h in rows}
+
+    def replace_document(
+        self, source_id: str, version: str, content_hash: str, chunks: Sequence[ChunkRecord]
+    ) -> None:
+        """Swap one source version's chunks in a single transaction (all or nothing)."""
+        with self._db:
+            self._delete(source_id, version)
+            if not chunks:
+                return
+            self._db.execute(
+                "INSERT INTO documents (source_id, version, content_hash) VALUES (?, ?, ?)",
+                (source_id, version, content_hash),
+            )
+            self._db.executemany(
+                f"INSERT INTO chunks ({_COLUMNS}) VALUES ({', '.join('?' * 15)})",
+                [_row(c) for c in chunks],
+            )
+
+    def delete_document(self, source_id: str, version: str | None) -> None:
+        with self._db:
+            self._delete(source_id, version)
+
+    def _delete(self, source_id: str, version: str | None) -> None:
+        where, args = (
+            ("source_id = ?", (source_id,))
+            if version is None
+            else ("source_id = ? AND version = ?", (source_id, version))
+        )
+        self._db.execute(f"DELETE FROM chunks WHERE {where}", args)
+        self._db.execute(f"DELETE FROM documents WHERE {where}", args)
+
+
+def _row(c: ChunkRecord) -> tuple[object, ...]:
+    vector = None if c.vector is None else np.asarray(c.vector, dtype="<f4").tobytes()
+    return (
+        c.chunk_id,
+        c.source_id,
+        c.version,
+        c.chunk_index,
+        c.collection,
+        c.status,
+        c.title,
+        c.breadcrumb,
+        c.text,
+        c.parent_text,
+        c.search_text,
+        json.dumps(list(c.acl)),
+        json.dumps(dict(c.metadata), sort_keys=True),
+        c.content_hash,
+        vector,
+    )
+
+
+def _record(row: Sequence[object]) -> ChunkRecord:
+    (chunk_id, source_id, version, chunk_index, collection, status, title, breadcrumb, text,
+     parent_text, search_text, acl, metadata, content_hash, vector) = row  # fmt: skip
+    assert isinstance(acl, str) and isinstance(metadata, str) and isinstance(chunk_index, int)
+    assert vector is None or isinstance(vector, bytes)
+    return ChunkRecord(
+        chunk_id=str(chunk_id),
+        source_id=str(source_id),
+        version=str(version),
+        chunk_index=chunk_index,
+        collection=str(collection),
+        status=str(status),
+        title=str(title),
+        breadcrumb=str(breadcrumb),
+        text=str(text),
+        parent_text=str(parent_text),
+        search_text=str(search_text),
+        acl=tuple(json.loads(acl)),
+        metadata=json.loads(metadata),
+        content_hash=str(content_hash),
+        vector=None if vector is None else np.frombuffer(vector, dtype=np.float32).copy(),
+    )
