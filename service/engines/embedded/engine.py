@@ -274,6 +274,13 @@ class EmbeddedEngine(Engine):
 
         return await self._call(work)
 
+    async def versions(self, source_id: str) -> list[str]:
+        def work() -> list[str]:
+            with self._index_lock:
+                return sorted(v for (s, v) in self._index.doc_hashes if s == source_id)
+
+        return await self._call(work)
+
     async def stats(self) -> EngineStats:
         def work() -> EngineStats:
             with self._index_lock:

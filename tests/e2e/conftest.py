@@ -1,0 +1,127 @@
+"""End-to-end harness: the real server (grpc.aio, servicers, pipeline, embedded engine,
+onnxruntime models) on a loopback port, driven through generated stubs."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from service._gen.retrieval.v1 import corpus_pb2, corpus_pb2_grpc, retrieval_pb2, retrieval_pb2_grpc, types_pb2
+from service.api.server import Server
+from service.app import App
+from service.config import Config
+from service.demo.corpus import DEMO_DOCUMENTS
+from service.models.base import CrossEncoderBackend, EmbeddingBackend
+from service.models.builder import build_all, default_models_dir
+from service.models.onnx_embedder import load_embedder
+
+E5_INT8 = "multilingual-e5-small-int8"
+
+
+@pytest.fixture(scope="session")
+def e5_embedder() -> EmbeddingBackend:
+    models = default_models_dir()
+    build_all(models)  # no-op when current; `make test` builds them first
+    return load_embedder(models / E5_INT8, threads=1)
+
+
+def demo_documents() -> list[corpus_pb2.Document]:
+    coll = {"doc": types_pb2.COLLECTION_DOC, "faq": types_pb2.COLLECTION_FAQ}
+    status = {"approved": types_pb2.SOURCE_STATUS_APPROVED, "draft": types_pb2.SOURCE_STATUS_DRAFT,
+              "retired": types_pb2.SOURCE_STATUS_RETIRED}
+    return [
+        corpus_pb2.Document(
+            source_id=d["source_id"], version=d["version"], title=d["title"], text=d["text"],
+            collection=coll[d["collection"]], status=status[d.get("status", "approved")],
+            acl=d.get("acl", []), breadcrumb=d.get("breadcrumb", ""), metadata=d.get("metadata", {}))
+        for d in DEMO_DOCUMENTS
+    ]
+
+
+@dataclasses.dataclass
+class Live:
+    server: Server
+    app: App
+    channel: grpc.aio.Channel
+    retrieval: retrieval_pb2_grpc.RetrievalServiceStub
+    corpus: corpus_pb2_grpc.CorpusServiceStub
+    target: str
+
+    async def retrieve(self, timeout: float = 10.0, metadata: Any = None, **fields: Any) -> list[retrieval_pb2.RetrieveEvent]:
+        req = fields.pop("request", None) or retrieval_pb2.RetrieveRequest(**fields)
+        return [ev async for ev in self.retrieval.Retrieve(req, timeout=timeout, metadata=metadata)]
+
+    async def ingest(self, docs: list[corpus_pb2.Document], metadata: Any = None) -> corpus_pb2.IngestSummary:
+        async def gen() -> AsyncIterator[corpus_pb2.IngestRequest]:
+            for d in docs:
+                yield corpus_pb2.IngestRequest(document=d)
+
+        summary: corpus_pb2.IngestSummary = await self.corpus.Ingest(gen(), metadata=metadata)
+        return summary
+
+
+StartServer = Callable[..., Awaitable[Live]]
+
+
+@pytest.fixture
+async def start_server(tmp_path: Path, e5_embedder: EmbeddingBackend) -> AsyncIterator[StartServer]:
+    """Factory: start a fresh server with config overrides (and optional backends)."""
+    started: list[Live] = []
+
+    async def start(embedder: EmbeddingBackend | None = None, reranker: CrossEncoderBackend | None = None,
+                    demo: bool = True, **overrides: Any) -> Live:
+        cfg = dataclasses.replace(Config(), data_dir=tmp_path / f"data{len(started)}", **overrides)
+        app = App.build(cfg, embedder=embedder or e5_embedder, reranker=reranker)
+        server = Server(app)
+        port = await server.start("127.0.0.1:0")
+        target = f"127.0.0.1:{port}"
+        channel = grpc.aio.insecure_channel(target)
+        live = Live(server, app, channel, retrieval_pb2_grpc.RetrievalServiceStub(channel),
+                    corpus_pb2_grpc.CorpusServiceStub(channel), target)
+        started.append(live)
+        if demo:
+            summary = await live.ingest(demo_documents())
+            assert not summary.errors, summary.errors
+        return live
+
+    yield start
+    for live in started:
+        await live.channel.close()
+        await live.server.stop(0.5)
+
+
+@pytest.fixture(scope="session")
+async def demo(tmp_path_factory: pytest.TempPathFactory, e5_embedder: EmbeddingBackend) -> AsyncIterator[Live]:
+    """One shared server with the demo corpus, for read-only tests."""
+    cfg = dataclasses.replace(Config(), data_dir=tmp_path_factory.mktemp("demo"))
+    app = App.build(cfg, embedder=e5_embedder)
+    server = Server(app)
+    port = await server.start("127.0.0.1:0")
+    target = f"127.0.0.1:{port}"
+    channel = grpc.aio.insecure_channel(target)
+    live = Live(server, app, channel, retrieval_pb2_grpc.RetrievalServiceStub(channel),
+                corpus_pb2_grpc.CorpusServiceStub(channel), target)
+    summary = await live.ingest(demo_documents())
+    assert summary.documents_indexed == len(DEMO_DOCUMENTS), summary
+    yield live
+    await channel.close()
+    await server.stop(0.5)
+
+
+def result_of(events: list[retrieval_pb2.RetrieveEvent]) -> retrieval_pb2.AttemptResult:
+    kinds = [e.WhichOneof("event") for e in events]
+    assert kinds.count("result") == 1 and kinds[-1] == "result", kinds
+    return events[-1].result
+
+
+def evidence_of(events: list[retrieval_pb2.RetrieveEvent]) -> list[retrieval_pb2.EvidenceItem]:
+    return [e.evidence for e in events if e.WhichOneof("event") == "evidence"]
+
+
+def legs_of(result: retrieval_pb2.AttemptResult) -> dict[str, str]:
+    return {types_pb2.LegKind.Name(leg.kind): types_pb2.LegStatus.Name(leg.status) for leg in result.legs}
