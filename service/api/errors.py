@@ -70,7 +70,12 @@ def to_rpc_status(exc: errors.DomainError) -> tuple[grpc.Status, tuple[tuple[str
     return rpc_status.to_status(status), trailers
 
 
-async def abort_with(context: grpc.aio.ServicerContext, exc: errors.DomainError) -> None:  # type: ignore[type-arg]
-    """Abort the call with the mapped status, its details and extra trailers."""
+async def abort_with(
+    context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    exc: errors.DomainError,
+    extra: tuple[tuple[str, str], ...] = (),
+) -> None:
+    """Abort the call with the mapped status, its details and trailers (abort replaces
+    any trailing metadata set before, so callers pass theirs as ``extra``)."""
     status, trailers = to_rpc_status(exc)
-    await context.abort(status.code, status.details, tuple(status.trailing_metadata) + trailers)
+    await context.abort(status.code, status.details, tuple(status.trailing_metadata) + trailers + extra)

@@ -113,10 +113,12 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         finally:
             self.admission.inflight -= 1
         assert result is not None
-        context.set_trailing_metadata(_trailers(result))
+        trailers = _trailers(result)
         error = LOOKUP_OUTCOME_ERRORS.get(result.outcome)
         if error is not None:
-            await abort_with(context, error(f"attempt {result.attempt_id}: {result.outcome.value} ({result.stopping_reason})"))
+            message = f"attempt {result.attempt_id}: {result.outcome.value} ({result.stopping_reason})"
+            await abort_with(context, error(message), trailers)
+        context.set_trailing_metadata(trailers)
         return convert.lookup_to_pb(req.query, req.tool_call_id, result, evidence)
 
     async def GetAttempt(  # noqa: N802

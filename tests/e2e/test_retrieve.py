@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
 from service._gen.retrieval.v1 import corpus_pb2, retrieval_pb2, types_pb2
-from tests.e2e.conftest import Live, evidence_of, legs_of, result_of
+from tests.support.harness import Live, evidence_of, legs_of, result_of
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""End-to-end harness: the real server (grpc.aio, servicers, pipeline, embedded engine,
+"""End-to-end harness (fixtures registered in tests/conftest.py): the real server (grpc.aio, servicers, pipeline, embedded engine,
 onnxruntime models) on a loopback port, driven through generated stubs."""
 
 from __future__ import annotations
