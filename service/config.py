@@ -47,6 +47,8 @@ class Config:
     knn_weight: float = 1.0
     retrieval_share: float = 0.6  # share of the remaining deadline for BM25/kNN legs
     rerank_top_n: int = 20
+    # Final rerank order: alpha * sigmoid(logit) + (1 - alpha) * fused / best fused.
+    rerank_alpha: float = 1.0
     rerank_max_length: int = 256
     min_quality: float = 0.0
     precise_threshold: float = 0.75

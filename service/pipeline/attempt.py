@@ -46,7 +46,7 @@ from service.ledger.store import Ledger
 from service.models.runtime import ModelRuntime, Timing
 from service.pipeline.fusion import Candidate, max_rrf_score, rrf
 from service.pipeline.postprocess import admissible, apply_context_budget, dedupe
-from service.pipeline.relevance import assign_quality, relevance_level
+from service.pipeline.relevance import assign_quality, relevance_level, sigmoid
 from service.pipeline.request import AttemptRequest, Principal
 
 CHANNEL = "knowledge_base"
@@ -325,11 +325,10 @@ class AttemptRunner:
         ranked = dedupe(allowed)
 
         # 4. Rerank (falls back to the fused order on timeout/failure, and says so).
-        reranked = await self._rerank(req, ranked, deadline, result)
+        max_fused = self._max_fused(runs)
+        reranked = await self._rerank(req, ranked, deadline, result, max_fused)
 
         # 5. Quality, gate, relevance, budget.
-        weights = [cfg.bm25_weight if r.report.kind is LegKind.BM25 else cfg.knn_weight for r in runs]
-        max_fused = max_rrf_score(weights, cfg.rrf_k)
         sources = [assign_quality(c, reranked=reranked, max_fused=max_fused) for c in ranked]
         min_quality = req.min_quality or cfg.min_quality
         gated = [c for c in ranked if c.quality >= min_quality]
@@ -371,13 +370,18 @@ class AttemptRunner:
         return rrf(hits.get(LegKind.BM25, []), hits.get(LegKind.KNN, []), k=self.cfg.rrf_k,
                    bm25_weight=self.cfg.bm25_weight, knn_weight=self.cfg.knn_weight)
 
+    def _max_fused(self, runs: list[_LegRun]) -> float:
+        """Best possible fused score over the planned legs: a leg that failed still counts,
+        so a degraded single-leg answer can never look PRECISE by rank alone."""
+        weights = [self.cfg.bm25_weight if r.report.kind is LegKind.BM25 else self.cfg.knn_weight
+                   for r in runs if r.report.status is not LegStatus.SKIPPED]
+        return max_rrf_score(weights, self.cfg.rrf_k)
+
     def _weak(self, candidates: list[Candidate], runs: list[_LegRun]) -> bool:
         if not candidates:
             return True
-        weights = [self.cfg.bm25_weight if r.report.kind is LegKind.BM25 else self.cfg.knn_weight
-                   for r in runs if r.report.status is not LegStatus.SKIPPED]
         best = max(candidates, key=lambda c: c.fused_score)
-        assign_quality(best, reranked=False, max_fused=max_rrf_score(weights, self.cfg.rrf_k))
+        assign_quality(best, reranked=False, max_fused=self._max_fused(runs))
         return best.quality < self.cfg.reference_threshold
 
     def _add_rerank_report(self, result: AttemptResultOut, status: LegStatus, detail: str, req: AttemptRequest) -> None:
@@ -388,7 +392,8 @@ class AttemptRunner:
         result.legs.append(LegReport(LegKind.RERANK, status, 0.0, 0, detail))
 
     async def _rerank(
-        self, req: AttemptRequest, ranked: list[Candidate], deadline: float, result: AttemptResultOut
+        self, req: AttemptRequest, ranked: list[Candidate], deadline: float,
+        result: AttemptResultOut, max_fused: float,
     ) -> bool:
         if req.rerank is False or self.runtime.reranker is None:
             self._add_rerank_report(result, LegStatus.SKIPPED, "", req)
@@ -412,9 +417,13 @@ class AttemptRunner:
                                          f"{detail}; fell back to the fused order", _timing(timing)))
             result.degraded = True
             return False
+        alpha = self.cfg.rerank_alpha
         for c, s in zip(head, scores):
             c.rerank_score = s
-        head.sort(key=lambda c: -(c.rerank_score or 0.0))
+        # Interpolate the calibrated rerank probability with the normalised first-stage
+        # score (alpha = 1: the reranker alone).
+        head.sort(key=lambda c: -(alpha * sigmoid(c.rerank_score or 0.0)
+                                  + (1 - alpha) * c.fused_score / max_fused))
         ranked[: len(head)] = head
         result.legs.append(LegReport(LegKind.RERANK, LegStatus.OK, (time.monotonic() - t0) * 1000,
                                      len(head), "", _timing(timing)))
