@@ -24,6 +24,9 @@ SERVICE_NAMES = (
     retrieval_pb2.DESCRIPTOR.services_by_name["RetrievalService"].full_name,
     corpus_pb2.DESCRIPTOR.services_by_name["CorpusService"].full_name,
 )
+# Health name that stays SERVING while the process answers at all: liveness probes use it,
+# so an OpenSearch outage (readiness) never makes an orchestrator restart healthy pods.
+LIVENESS_SERVICE = "liveness"
 _HEALTH_POLL_S = 1.0
 _GRACE_S = 5.0
 
@@ -68,6 +71,7 @@ class Server:
         """Bind first (health answers NOT_SERVING while models load), then start the app."""
         self.port = self.grpc.add_insecure_port(listen)
         await self._set_health(False)
+        await self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         await self.grpc.start()
         await self.app.start()
         self._watch = asyncio.get_running_loop().create_task(self._watch_engine())
@@ -76,6 +80,7 @@ class Server:
     async def stop(self, grace_s: float = _GRACE_S) -> None:
         self.admission.draining = True
         await self._set_health(False)
+        await self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
         if self._watch is not None:
             self._watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -254,7 +254,7 @@ async def test_get_evidence_returns_the_exact_version(demo: Live) -> None:
 
 async def test_health_serving_and_reflection(demo: Live) -> None:
     health = health_pb2_grpc.HealthStub(demo.channel)
-    for name in ("", "retrieval.v1.RetrievalService", "retrieval.v1.CorpusService"):
+    for name in ("", "retrieval.v1.RetrievalService", "retrieval.v1.CorpusService", "liveness"):
         resp = await health.Check(health_pb2.HealthCheckRequest(service=name))
         assert resp.status == health_pb2.HealthCheckResponse.SERVING
     from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
