@@ -256,7 +256,11 @@ def test_compose_references_resolve() -> None:
 
 def test_compose_opensearch_is_pinned_single_node_without_security() -> None:
     os_svc = _compose()["services"]["opensearch"]
-    assert re.fullmatch(r"opensearchproject/opensearch:2\.19\.\d+", os_svc["image"])
+    # The image runs the same OpenSearch version the tests run (the Maven launcher's default).
+    launcher = (REPO / "deploy" / "opensearch" / "opensearch.sh").read_text()
+    default = re.search(r'^DEFAULT_VERSION="([0-9.]+)"', launcher, re.M)
+    assert default is not None
+    assert os_svc["image"] == f"opensearchproject/opensearch:{default.group(1)}"
     env = _env(os_svc)
     assert env["discovery.type"] == "single-node"
     assert env["DISABLE_SECURITY_PLUGIN"] == env["DISABLE_INSTALL_DEMO_CONFIG"] == "true"
