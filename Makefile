@@ -21,19 +21,23 @@ help:
 	@echo "make models      build the ONNX models into $(RETRIEVAL_MODELS_DIR)"
 
 venv: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml clients/python/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,models]'
+	$(BIN)/pip install -q -e '.[dev,models,eval]' -e clients/python
 	touch $@
 
 tools: $(BUF)
 $(BUF):
 	npm install --silent --no-save --no-audit --no-fund --prefix $(TOOLS) @bufbuild/buf@$(BUF_VERSION)
 
+# Generated stubs: the service's and the Python client's (same protos, own package).
+GEN := service/_gen:service._gen clients/python/retrieval_client/_gen:retrieval_client._gen
+GENERATE = PATH=$(BIN):$$PATH PYTHON=$(BIN)/python protos/generate.sh
+
 # Regenerate every stub from protos/ (the only way generated code changes).
 proto: venv
-	PATH=$(BIN):$$PATH PYTHON=$(BIN)/python protos/generate.sh service/_gen service._gen
+	@for g in $(GEN); do $(GENERATE) $${g%%:*} $${g##*:}; done
 
 # Lint, format, breaking-change check against main, and drift of the checked-in stubs.
 proto-check: venv tools
@@ -41,13 +45,14 @@ proto-check: venv tools
 	$(BUF) format --diff --exit-code protos
 	@if git rev-parse --verify -q main >/dev/null; then \
 	  $(BUF) breaking protos --against '.git#branch=main,subdir=protos'; fi
-	@tmp=$$(mktemp -d) && PATH=$(BIN):$$PATH PYTHON=$(BIN)/python protos/generate.sh $$tmp/_gen service._gen && \
-	  if ! diff -r -q $$tmp/_gen service/_gen; then \
-	    echo "generated stubs drifted from protos/: run 'make proto' and commit"; rm -rf $$tmp; exit 1; fi; \
-	  rm -rf $$tmp; echo "stubs up to date"
+	@tmp=$$(mktemp -d); for g in $(GEN); do \
+	  $(GENERATE) $$tmp/_gen $${g##*:} && if ! diff -r -q $$tmp/_gen $${g%%:*}; then \
+	    echo "generated stubs in $${g%%:*} drifted from protos/: run 'make proto' and commit"; rm -rf $$tmp; exit 1; fi; \
+	done; rm -rf $$tmp; echo "stubs up to date"
 
 typecheck: venv
 	$(BIN)/mypy
+	$(BIN)/mypy --strict clients/python/retrieval_client --exclude '_gen/'
 
 models: venv
 	$(BIN)/python -m service models build

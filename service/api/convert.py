@@ -14,7 +14,7 @@ from service.domain import (
     RelevanceLevel,
 )
 from service.engines.base import ChunkRecord
-from service.errors import InvalidArgument
+from service.errors import FieldViolation
 from service.ingest.documents import DocumentInput
 from service.pipeline.attempt import AttemptResultOut, EvidenceOut
 from service.pipeline.request import AttemptRequest, Gap
@@ -47,23 +47,22 @@ def relevance_to_pb(r: RelevanceLevel) -> types_pb2.RelevanceLevel.ValueType:
     return types_pb2.RelevanceLevel.Value(f"RELEVANCE_LEVEL_{r.value}")
 
 
-def request_from_pb(m: retrieval_pb2.RetrieveRequest) -> AttemptRequest:
+def request_from_pb(m: retrieval_pb2.RetrieveRequest) -> tuple[AttemptRequest, list[FieldViolation]]:
+    """Convert; unknown enum values are dropped and returned as violations so validation
+    can report them together with every other bad field."""
+    bad: list[FieldViolation] = []
     collections = []
-    bad = []
     for i, c in enumerate(m.filters.collections):
         if c in _COLLECTION_IN:
             collections.append(_COLLECTION_IN[c])
         else:
-            bad.append((f"filters.collections[{i}]", f"unknown collection {c}"))
+            bad.append(FieldViolation(f"filters.collections[{i}]", f"unknown collection {c}"))
     legs = []
     for i, leg in enumerate(m.options.legs):
-        if leg not in _LEG_IN:
-            bad.append((f"options.legs[{i}]", f"unknown leg kind {leg}"))
-        else:
+        if leg in _LEG_IN:
             legs.append(_LEG_IN[leg])
-    if bad:
-        raise InvalidArgument.one(*bad[0]) if len(bad) == 1 else InvalidArgument(
-            [InvalidArgument.one(f, d).violations[0] for f, d in bad])
+        else:
+            bad.append(FieldViolation(f"options.legs[{i}]", f"unknown leg kind {leg}"))
     rerank = {types_pb2.RERANK_MODE_ON: True, types_pb2.RERANK_MODE_OFF: False}.get(m.options.rerank)
     gap = None
     if m.HasField("gap"):
@@ -78,7 +77,7 @@ def request_from_pb(m: retrieval_pb2.RetrieveRequest) -> AttemptRequest:
         max_context_chars=m.options.max_context_chars, gap=gap, tool_call_id=m.tool_call_id,
         budget_max_searches=m.budget.max_searches, budget_max_results=m.budget.max_results_per_search,
         version_pins=dict(m.version_pins),
-    )
+    ), bad
 
 
 def timing_to_pb(t: LegTiming | None, total_ms: float = 0.0) -> types_pb2.Timing:

@@ -6,6 +6,7 @@ map an INVALID_ARGUMENT straight back to what it sent.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from service.config import Config
@@ -53,9 +54,13 @@ class AttemptRequest:
     version_pins: dict[str, str] = field(default_factory=dict)
 
 
-def validate(req: AttemptRequest, cfg: Config, reranker_configured: bool) -> None:
-    """Raise InvalidArgument naming every bad field at once."""
-    v: list[FieldViolation] = []
+def validate(
+    req: AttemptRequest, cfg: Config, reranker_configured: bool,
+    prior: Sequence[FieldViolation] = (),
+) -> None:
+    """Raise InvalidArgument naming every bad field at once (``prior``: violations found
+    while decoding the request)."""
+    v: list[FieldViolation] = list(prior)
     if not req.query.strip():
         v.append(FieldViolation("query", "must not be empty"))
     elif len(req.query) > cfg.max_query_chars:

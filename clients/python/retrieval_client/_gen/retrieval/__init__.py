@@ -1,0 +1,1 @@
+"""Generated from protos/retrieval/v1 by protos/generate.sh; do not edit."""
