@@ -169,6 +169,6 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     async def stats(self) -> EngineStats: ...
 
+    @abc.abstractmethod
     async def versions(self, source_id: str) -> list[str]:
         """Versions of a source that are stored now (any status), sorted."""
-        raise NotImplementedError

@@ -245,6 +245,20 @@ class OpenSearchEngine(Engine):
             return None
         return str(buckets[0]["key"])
 
+    async def versions(self, source_id: str) -> list[str]:
+        await self._ensure_index()
+        resp = await self._request(
+            self._client.search(
+                index=self.alias,
+                body=mapping.versions_body(source_id),
+                request_timeout=self.request_timeout_s,
+            ),
+            "versions",
+            self.request_timeout_s + 0.5,
+        )
+        buckets = resp.get("aggregations", {}).get("versions", {}).get("buckets", [])
+        return sorted(str(b["key"]) for b in buckets)
+
     def _invalid(
         self, source_id: str, version: str, chunks: Sequence[ChunkRecord]
     ) -> list[WriteError]:

@@ -330,6 +330,15 @@ def stale_chunks_query(source_id: str, version: str, keep_ids: Sequence[str]) ->
     return {"query": query}
 
 
+def versions_body(source_id: str, max_versions: int = 1000) -> JSON:
+    """Distinct versions stored for one source (any status)."""
+    return {
+        "size": 0,
+        "query": doc_filter(source_id, None),
+        "aggs": {"versions": {"terms": {"field": "version", "size": max_versions}}},
+    }
+
+
 def document_hash_body(source_id: str, version: str) -> JSON:
     """Distinct content hashes of one source version: one means a consistent document;
     several mean an interrupted replace, which must read as "not indexed"."""

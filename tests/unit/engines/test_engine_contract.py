@@ -127,7 +127,11 @@ async def test_versions_coexist_and_delete_one_or_all(engine: Engine) -> None:
     stats = await engine.stats()
     assert (stats.chunk_count, stats.document_count, stats.dimension) == (4, 3, DIM)
     assert len((await engine.bm25("policy", 10, ALL, T)).hits) == 4
+    assert await engine.versions("E1") == ["v1", "v2"]
+    assert await engine.versions("nope") == []
     assert await engine.delete_document("E1", "v1") == 1
+    await engine.refresh()
+    assert await engine.versions("E1") == ["v2"]
     assert await engine.document_hash("E1", "v1") is None
     assert await engine.document_hash("E1", "v2") == "hash-E1-v2"
     assert sorted(ids((await engine.bm25("policy", 10, ALL, T)).hits)) == [
