@@ -209,6 +209,16 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train_reranker(args: argparse.Namespace) -> int:
+    from service.models.builder import default_models_dir
+    from service.models.training.pipeline import run_pipeline
+
+    run_pipeline(pack=Path(args.pack), work=Path(args.work), models_dir=Path(args.out) if args.out else default_models_dir(),
+                 name=args.name, langs=args.langs, device=args.device, minutes=args.minutes, layers=args.layers,
+                 max_len=args.max_len, epochs=args.epochs, lr=args.lr, resume=args.resume, repack=args.repack)
+    return 0
+
+
 def cmd_demo_corpus(args: argparse.Namespace) -> int:
     from service.demo.corpus import write_demo_corpus
 
@@ -261,10 +271,30 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--out", default=None)
     b.add_argument("--force", action="store_true")
     b.set_defaults(fn=cmd_models)
+    t = msub.add_parser("train-reranker", help="pack -> train -> export the cross-encoder (hours on CPU at full size; "
+                        "see service/models/training/DEVICE.md for a GPU)")
+    t.add_argument("--pack", default=".cache/train-pack")
+    t.add_argument("--work", default=".cache/train-reranker", help="weights, metrics, checkpoints")
+    t.add_argument("--out", default=None, help="models dir (default: the builder's)")
+    t.add_argument("--name", default="e5-small-reranker")
+    t.add_argument("--langs", default="en,zh")
+    t.add_argument("--device", default=None)
+    t.add_argument("--minutes", type=float, default=None, help="training wall-clock budget")
+    t.add_argument("--layers", type=int, default=12)
+    t.add_argument("--max-len", type=int, default=256)
+    t.add_argument("--epochs", type=float, default=3.0)
+    t.add_argument("--lr", type=float, default=5e-5)
+    t.add_argument("--resume", action="store_true")
+    t.add_argument("--repack", action="store_true")
+    t.set_defaults(fn=cmd_train_reranker)
 
     d = sub.add_parser("demo-corpus", help="write the demo corpus JSONL")
     d.add_argument("--out", default="data/demo.jsonl")
     d.set_defaults(fn=cmd_demo_corpus)
+
+    from service.eval.cli import add_eval_parser  # light: the runner loads on use
+
+    add_eval_parser(sub)
 
     args = p.parse_args(argv)
     rc: int = args.fn(args)

@@ -1,0 +1,38 @@
+"""pack -> train -> export in one call (``python -m service models train-reranker``).
+
+At full size (InsuranceQA en + zh, 12 layers, max length 256, ~26k groups of 16 per epoch)
+this is hours per epoch on a small CPU; on one GPU it is minutes (see ``DEVICE.md``).
+``--minutes`` bounds the training wall clock (the LR schedule is fitted into it), and
+``--resume`` continues from the last checkpoint in ``WORK/ckpt``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def run_pipeline(*, pack: Path, work: Path, models_dir: Path, name: str, langs: str = "en,zh", device: str | None = None,
+                 minutes: float | None = None, layers: int = 12, max_len: int = 256, epochs: float = 3.0,
+                 group: int = 16, batch_groups: int = 32, lr: float = 5e-5, resume: bool = False, repack: bool = False,
+                 seed: int = 0) -> dict[str, Any]:
+    from service.models.training.export import export
+    from service.models.training.pack import MANIFEST_FILE, build_pack
+    from service.models.training.train import parse_args, train
+
+    if repack or not (pack / MANIFEST_FILE).is_file():
+        build_pack(pack, [s for s in langs.split(",") if s], seed=seed)
+    argv = ["--pack", str(pack), "--out", str(work), "--langs", langs, "--layers", str(layers), "--max-len", str(max_len),
+            "--epochs", str(epochs), "--group", str(group), "--batch-groups", str(batch_groups), "--lr", str(lr),
+            "--seed", str(seed)]
+    if device:
+        argv += ["--device", device]
+    if minutes:
+        argv += ["--minutes", str(minutes)]
+    if resume:
+        argv.append("--resume")
+    metrics = train(parse_args(argv))
+    report = export(work, models_dir / name, pack)
+    print(f"[train-reranker] final eval: {metrics['final_eval']}", file=sys.stderr)
+    return {"metrics": metrics, "export": report}
