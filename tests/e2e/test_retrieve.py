@@ -13,21 +13,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
 from service._gen.retrieval.v1 import corpus_pb2, retrieval_pb2, types_pb2
+from tests.support import demo_expectations as expect
 from tests.support.harness import Live, evidence_of, legs_of, result_of
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("query,expected_source", [
-    ("how do I reset my password", "kb-password-reset"),
-    ("I forgot my password and the reset link expired", "kb-password-reset"),
-    ("can I get a PDF invoice", "kb-billing"),
-    ("how long are deleted files kept", "kb-data-retention"),
-    ("如何开具发票", "faq-invoice-zh"),
-    ("退款需要多长时间审核", "kb-refund-zh"),
-    ("怎么开启两步验证", "kb-security-zh"),
-    ("免费版存储空间有多大", "faq-storage-zh"),
-])
+@pytest.mark.parametrize("query,expected_source", expect.RANKING_CASES)
 async def test_english_and_chinese_queries_rank_the_expected_source_first(
     demo: Live, query: str, expected_source: str
 ) -> None:
@@ -37,11 +29,7 @@ async def test_english_and_chinese_queries_rank_the_expected_source_first(
     assert evidence_of(events)[0].source_id == expected_source, [e.evidence_id for e in evidence_of(events)]
 
 
-@pytest.mark.parametrize("query,version", [
-    ("what is new in v2.4", "v2.4"),
-    ("release notes v2.3", "v2.3"),
-    ("v2.4 SSO SAML", "v2.4"),
-])
+@pytest.mark.parametrize("query,version", expect.VERSION_CASES)
 async def test_version_sensitive_query_ranks_the_right_version_first(demo: Live, query: str, version: str) -> None:
     top = evidence_of(await demo.retrieve(query=query, top_k=3))[0]
     assert (top.source_id, top.version) == ("release-notes", version)
@@ -110,7 +98,7 @@ async def test_lookup_omits_relevance_when_none(demo: Live) -> None:
 
 
 async def test_empty_when_every_leg_finished_and_nothing_matched(demo: Live) -> None:
-    events = await demo.retrieve(query="password", top_k=3, filters=retrieval_pb2.Filters(source_ids=["no-such-source"]))
+    events = await demo.retrieve(**expect.EMPTY_REQUEST)
     result = result_of(events)
     assert result.outcome == types_pb2.ATTEMPT_OUTCOME_EMPTY
     assert result.evidence_status == types_pb2.EVIDENCE_STATUS_NO_EVIDENCE
@@ -119,8 +107,7 @@ async def test_empty_when_every_leg_finished_and_nothing_matched(demo: Live) -> 
 
 
 async def test_insufficient_when_nothing_passes_the_quality_gate(demo: Live) -> None:
-    events = await demo.retrieve(query="zebra migration patterns", top_k=3,
-                                 options=retrieval_pb2.RetrievalOptions(min_quality=0.99))
+    events = await demo.retrieve(**expect.INSUFFICIENT_REQUEST)
     result = result_of(events)
     assert result.outcome == types_pb2.ATTEMPT_OUTCOME_INSUFFICIENT
     assert result.retrieved_count > 0 and result.returned_count == 0 and evidence_of(events) == []

@@ -1,0 +1,247 @@
+"""The whole service (gRPC, pipeline, e5 int8 embedder, OpenSearch engine) while a real
+OpenSearch node misbehaves. Faults come only from tests/support/tcp_proxy.py between the
+engine and the node, or from SIGSTOP/SIGCONT of a node of our own; nothing is mocked.
+
+- a hung node (proxy black-holes) -> TIMEOUT, answered before the caller's gRPC deadline,
+  never EMPTY; health turns NOT_SERVING;
+- a stopped node (proxy refuses) -> BACKEND_ERROR (Lookup: UNAVAILABLE);
+- the proxy resumes -> the same server answers EVIDENCE_FOUND again, no restart;
+- the service starts while the node is down (refusing) or hung (black-holed): NOT_SERVING,
+  attempts BACKEND_ERROR/TIMEOUT, then SERVING within a few seconds of the node coming
+  back, and ingest + retrieval work, no restart;
+- SIGSTOP of the node's JVM -> TIMEOUT before the deadline; SIGCONT -> recovery.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from service._gen.retrieval.v1 import retrieval_pb2, types_pb2
+from service.config import Config
+from service.demo.corpus import DEMO_DOCUMENTS
+from service.models.base import EmbeddingBackend
+from tests.support.harness import Live, demo_documents, evidence_of, legs_of, result_of
+from tests.support.opensearch import drop_prefix, opensearch_url_or_skip, unique_prefix
+from tests.support.service_live import (
+    NOT_SERVING,
+    SERVING,
+    ScriptNodes,
+    health_status,
+    start_live,
+    stop_live,
+    wait_health,
+)
+from tests.support.tcp_proxy import TcpProxy
+
+pytestmark = [pytest.mark.fault, pytest.mark.integration, pytest.mark.slow]
+
+# The caller's gRPC deadline. The legs get retrieval_share (0.6) of it, the engine's client
+# waits a small margin past that, so a hung node must be answered well before it.
+DEADLINE = 2.0
+QUERY, EXPECTED = "how do I reset my password", "kb-password-reset"
+# Health is polled every 1s and the readiness probe waits up to 1.1s: a state change shows
+# within ~2.5s; 10s leaves room for a loaded machine without hiding a service that never flips.
+HEALTH_WAIT_S = 10.0
+SIGSTOP_PORT = int(os.environ.get("OPENSEARCH_SVC_FAULT_PORT", "9280"))
+
+FOUND = types_pb2.ATTEMPT_OUTCOME_EVIDENCE_FOUND
+TIMEOUT = types_pb2.ATTEMPT_OUTCOME_TIMEOUT
+BACKEND_ERROR = types_pb2.ATTEMPT_OUTCOME_BACKEND_ERROR
+EMPTY = types_pb2.ATTEMPT_OUTCOME_EMPTY
+
+
+def name(outcome: int) -> str:
+    return types_pb2.AttemptOutcome.Name(outcome)  # type: ignore[arg-type]
+
+
+def host_port(url: str) -> tuple[str, int]:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    return host, int(port)
+
+
+def os_config(url: str, prefix: str, data_dir: Path) -> Config:
+    return dataclasses.replace(Config(), opensearch_url=url, opensearch_index_prefix=prefix, data_dir=data_dir)
+
+
+async def timed_retrieve(live: Live, query: str = QUERY) -> tuple[retrieval_pb2.AttemptResult, list[str], float]:
+    """One attempt under the caller's DEADLINE: the result, evidence sources, seconds taken.
+    Getting a result at all means the stream ended before the deadline (gRPC would
+    otherwise end it with DEADLINE_EXCEEDED)."""
+    started = time.monotonic()
+    events = await live.retrieve(query=query, top_k=3, timeout=DEADLINE)
+    elapsed = time.monotonic() - started
+    return result_of(events), [e.source_id for e in evidence_of(events)], elapsed
+
+
+def assert_timeout_before_deadline(result: retrieval_pb2.AttemptResult, elapsed: float) -> None:
+    assert result.outcome == TIMEOUT, (name(result.outcome), legs_of(result))
+    assert result.outcome != EMPTY
+    assert result.evidence_status == types_pb2.EVIDENCE_STATUS_NO_EVIDENCE
+    assert legs_of(result)["LEG_KIND_BM25"] == legs_of(result)["LEG_KIND_KNN"] == "LEG_STATUS_TIMEOUT"
+    assert result.engine == "opensearch"
+    assert elapsed < DEADLINE, f"answered after the caller's deadline: {elapsed:.3f}s"
+
+
+def assert_found(result: retrieval_pb2.AttemptResult, sources: list[str]) -> None:
+    assert result.outcome == FOUND, (name(result.outcome), legs_of(result), [leg.detail for leg in result.legs])
+    assert not result.degraded and result.engine == "opensearch"
+    assert sources[0] == EXPECTED, sources
+
+
+@pytest.fixture
+async def node_url() -> str:
+    return opensearch_url_or_skip()
+
+
+@pytest.fixture
+async def proxy(node_url: str) -> AsyncIterator[TcpProxy]:
+    p = await TcpProxy(*host_port(node_url)).start()
+    try:
+        yield p
+    finally:
+        await p.close()
+
+
+@pytest.fixture
+def prefix(node_url: str) -> Iterator[str]:
+    p = unique_prefix("svcfault")
+    yield p
+    drop_prefix(node_url, p)
+
+
+@pytest.fixture
+async def proxied(proxy: TcpProxy, prefix: str, tmp_path: Path, e5_embedder: EmbeddingBackend) -> AsyncIterator[Live]:
+    """The service, its engine pointed at the proxy, with the demo corpus ingested."""
+    live = await start_live(os_config(proxy.url, prefix, tmp_path / "data"), e5_embedder)
+    try:
+        summary = await live.ingest(demo_documents())
+        assert summary.documents_indexed == len(DEMO_DOCUMENTS) and not summary.errors, summary
+        await wait_health(live.channel, SERVING, HEALTH_WAIT_S)
+        yield live
+    finally:
+        await stop_live(live)
+
+
+async def test_hung_node_is_timeout_before_the_deadline_then_recovers_without_restart(
+    proxied: Live, proxy: TcpProxy
+) -> None:
+    assert_found(*(await timed_retrieve(proxied))[:2])
+    proxy.blackhole()
+    elapsed_all = []
+    for query in (QUERY, "如何开具发票"):
+        result, sources, elapsed = await timed_retrieve(proxied, query)
+        assert_timeout_before_deadline(result, elapsed)
+        assert sources == []
+        elapsed_all.append(elapsed)
+    # The agent projection: TIMEOUT is DEADLINE_EXCEEDED with our mapping, never "no evidence".
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await proxied.retrieval.Lookup(retrieval_pb2.RetrieveRequest(query=QUERY, top_k=3), timeout=DEADLINE)
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED and "TIMEOUT" in (err.value.details() or "")
+    not_serving_s = await wait_health(proxied.channel, NOT_SERVING, HEALTH_WAIT_S)
+    assert await health_status(proxied.channel, "liveness") == SERVING  # readiness only
+    await proxy.resume()
+    result, sources, _ = await timed_retrieve(proxied)
+    assert_found(result, sources)
+    serving_s = await wait_health(proxied.channel, SERVING, HEALTH_WAIT_S)
+    print(f"\n[hung node] TIMEOUT after {', '.join(f'{e:.3f}s' for e in elapsed_all)} "
+          f"(deadline {DEADLINE}s); NOT_SERVING after {not_serving_s:.2f}s; SERVING {serving_s:.2f}s after resume")
+
+
+async def test_stopped_node_is_backend_error_then_recovers_without_restart(proxied: Live, proxy: TcpProxy) -> None:
+    await proxy.refuse()
+    result, sources, elapsed = await timed_retrieve(proxied)
+    assert result.outcome == BACKEND_ERROR, (name(result.outcome), legs_of(result))
+    assert legs_of(result)["LEG_KIND_BM25"] == legs_of(result)["LEG_KIND_KNN"] == "LEG_STATUS_ERROR"
+    assert all("unavailable" in leg.detail for leg in result.legs if leg.kind != types_pb2.LEG_KIND_RERANK)
+    assert sources == [] and elapsed < DEADLINE
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await proxied.retrieval.Lookup(retrieval_pb2.RetrieveRequest(query=QUERY, top_k=3), timeout=DEADLINE)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "BACKEND_ERROR" in (err.value.details() or "")
+    await wait_health(proxied.channel, NOT_SERVING, HEALTH_WAIT_S)
+    await proxy.resume()
+    assert_found(*(await timed_retrieve(proxied))[:2])
+    serving_s = await wait_health(proxied.channel, SERVING, HEALTH_WAIT_S)
+    print(f"\n[stopped node] BACKEND_ERROR after {elapsed:.3f}s; SERVING {serving_s:.2f}s after resume")
+
+
+@pytest.mark.parametrize("fault", ["refused", "hung"])
+async def test_service_starts_while_the_node_is_down_and_serves_once_it_is_back(
+    proxy: TcpProxy, prefix: str, tmp_path: Path, e5_embedder: EmbeddingBackend, fault: str
+) -> None:
+    if fault == "refused":
+        await proxy.refuse()
+    else:
+        proxy.blackhole()
+    started = time.monotonic()
+    live = await start_live(os_config(proxy.url, prefix, tmp_path / "data"), e5_embedder)
+    start_s = time.monotonic() - started
+    try:
+        assert await health_status(live.channel) == NOT_SERVING
+        assert await health_status(live.channel, "retrieval.v1.RetrievalService") == NOT_SERVING
+        assert await health_status(live.channel, "liveness") == SERVING
+        expected = BACKEND_ERROR if fault == "refused" else TIMEOUT
+        for query in (QUERY, "qzxjv wkpfy"):  # nothing would match the second one: still not EMPTY
+            result, sources, elapsed = await timed_retrieve(live, query)
+            assert result.outcome == expected, (name(result.outcome), legs_of(result))
+            assert result.outcome != EMPTY and sources == [] and elapsed < DEADLINE
+        await proxy.resume()
+        resumed = time.monotonic()
+        serving_s = await wait_health(live.channel, SERVING, HEALTH_WAIT_S)
+        summary = await live.ingest(demo_documents())
+        assert summary.documents_indexed == len(DEMO_DOCUMENTS) and not summary.errors, summary
+        assert_found(*(await timed_retrieve(live))[:2])
+        print(f"\n[start while {fault}] server up in {start_s:.2f}s; SERVING {serving_s:.2f}s after the node "
+              f"came back; ingest + retrieve {time.monotonic() - resumed:.2f}s after")
+    finally:
+        await stop_live(live)
+
+
+# -- SIGSTOP / SIGCONT of a node of our own ------------------------------------------------
+
+@pytest.fixture(scope="module")
+def own_node() -> Iterator[ScriptNodes]:
+    opensearch_url_or_skip()  # the same gate as every OpenSearch test (fails under CI=true)
+    node = ScriptNodes(port=SIGSTOP_PORT, nodes=1, heap="512m").start()
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+async def test_sigstopped_node_is_timeout_before_the_deadline_and_sigcont_recovers(
+    own_node: ScriptNodes, tmp_path: Path, e5_embedder: EmbeddingBackend
+) -> None:
+    prefix = unique_prefix("svcstop")
+    live = await start_live(os_config(own_node.url, prefix, tmp_path / "data"), e5_embedder)
+    pid = own_node.pids[0]
+    try:
+        summary = await live.ingest(demo_documents())
+        assert summary.documents_indexed == len(DEMO_DOCUMENTS) and not summary.errors, summary
+        await wait_health(live.channel, SERVING, HEALTH_WAIT_S)
+        assert_found(*(await timed_retrieve(live))[:2])
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            elapsed_all = []
+            for query in (QUERY, "退款需要多长时间审核"):
+                result, _sources, elapsed = await timed_retrieve(live, query)
+                assert_timeout_before_deadline(result, elapsed)
+                elapsed_all.append(elapsed)
+            await wait_health(live.channel, NOT_SERVING, HEALTH_WAIT_S)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        serving_s = await wait_health(live.channel, SERVING, 30.0)
+        assert_found(*(await timed_retrieve(live))[:2])
+        print(f"\n[SIGSTOP] TIMEOUT after {', '.join(f'{e:.3f}s' for e in elapsed_all)} (deadline {DEADLINE}s); "
+              f"SERVING {serving_s:.2f}s after SIGCONT")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        await stop_live(live)
+        drop_prefix(own_node.url, prefix)
