@@ -1,0 +1,83 @@
+"""``python -m service eval``: argument parsing for the evaluation runner."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _csv(value: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+def add_eval_parser(sub: Any) -> None:
+    e = sub.add_parser(
+        "eval", help="evaluate retrieval quality and latency on judged data through the real service",
+        description="Ingest a judged corpus through the service API and run every query in every mode. "
+                    "InsuranceQA needs the eval extra: pip install '.[eval]'. The test split is held out.")
+    e.add_argument("--split", choices=["train", "valid"], default="valid")
+    e.add_argument("--lang", choices=["en", "zh"], default="en")
+    e.add_argument("--judgements", default=None,
+                   help="your own JSONL judgements ({query, positives, negatives, id}) instead of InsuranceQA")
+    e.add_argument("--corpus", default=None, help="JSONL corpus (service document format) for --judgements")
+    e.add_argument("--sample", type=int, default=None, help="evaluate N sampled queries (default: all)")
+    e.add_argument("--corpus-sample", type=int, default=None,
+                   help="keep about N documents: every judged positive of the sampled queries, plus random others")
+    e.add_argument("--keep-negatives", action="store_true",
+                   help="with --corpus-sample, also keep the shipped hard negatives of the sampled queries")
+    e.add_argument("--engine", choices=["embedded", "opensearch"], default="embedded")
+    e.add_argument("--opensearch-url", default=os.environ.get("RETRIEVAL_OPENSEARCH_URL", ""))
+    e.add_argument("--target", default="", help="evaluate a running server instead of starting one")
+    e.add_argument("--modes", type=_csv, default=("bm25", "knn", "hybrid", "hybrid+rerank"))
+    e.add_argument("--models", type=_csv, default=("int8",),
+                   help="int8, fp32, a model dir name, or dummy-hash (no model: for BM25-only studies)")
+    e.add_argument("--reranker", default="", help="cross-encoder model dir (enables hybrid+rerank)")
+    e.add_argument("--rrf-k", type=int, default=None)
+    e.add_argument("--bm25-weight", type=float, default=None)
+    e.add_argument("--knn-weight", type=float, default=None)
+    e.add_argument("--rerank-top-n", type=int, default=None)
+    e.add_argument("--chunk-chars", type=int, default=None,
+                   help="override the server's child chunk size (an ingest experiment; default: the service's)")
+    e.add_argument("--top-k", type=int, default=100)
+    e.add_argument("--timeout", type=float, default=60.0, help="per-request deadline, seconds")
+    e.add_argument("--out", default="eval-out")
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--no-plots", action="store_true")
+    e.add_argument("--quiet", action="store_true")
+    e.set_defaults(fn=cmd_eval)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from service.eval.datasets import (
+        EvalDataMissing,
+        load_insuranceqa,
+        load_jsonl_judgements,
+    )
+    from service.eval.runner import EvalSettings, evaluate_service
+
+    try:
+        if args.judgements:
+            judged = load_jsonl_judgements(args.judgements, args.corpus)
+        else:
+            judged = load_insuranceqa(args.split, args.lang)
+    except EvalDataMissing as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    judged = judged.sample(args.sample, args.seed).sample_corpus(
+        args.corpus_sample, args.seed, keep_negatives=args.keep_negatives)
+    settings = EvalSettings(
+        out=Path(args.out), modes=args.modes, models=args.models, reranker=args.reranker,
+        engine=args.engine, opensearch_url=args.opensearch_url, target=args.target, top_k=args.top_k,
+        rrf_k=args.rrf_k, bm25_weight=args.bm25_weight, knn_weight=args.knn_weight,
+        rerank_top_n=args.rerank_top_n, chunk_chars=args.chunk_chars, timeout_s=args.timeout, plots=not args.no_plots, quiet=args.quiet,
+        extra_meta={"command": " ".join(["python -m service", *sys.argv[1:]]), "seed": args.seed},
+    )
+    report = asyncio.run(evaluate_service(judged, settings))
+    print((Path(args.out) / "report.md").read_text())
+    print(json.dumps({"out": str(Path(args.out).resolve()), "wall_s": report["wall_s"]}))
+    return 0

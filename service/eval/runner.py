@@ -1,0 +1,514 @@
+"""The evaluation runner: ingest a judged corpus through the real service API, run every
+query in every mode through ``Retrieve``, score the ranked evidence, and write a report.
+
+    python -m service eval --split valid --lang en --modes bm25,knn,hybrid --models int8 --out eval-out
+
+Per model (``--models``), an in-process server (``App`` + ``Server`` on a loopback port, the
+same stack ``serve`` runs) is started on a fresh data dir, or ``--target`` points at a running
+one. Corpus documents are streamed through ``CorpusService.Ingest`` as approved, public
+``doc`` documents (one per answer: source_id = answer id, version ``v1``); queries go through
+``RetrievalService.Retrieve`` with ``top_k`` 100 one at a time (so latency is single-query,
+warm, client-side wall time), and the ranked evidence ``source_id``s are what is scored.
+
+Modes map to request options: ``bm25`` = legs [BM25]; ``knn`` = legs [KNN]; ``hybrid`` =
+both legs, rerank OFF; ``hybrid+rerank`` = both legs, rerank ON (only with ``--reranker``,
+otherwise reported as skipped with the reason). BM25 does not depend on the embedding
+model: it runs once, with the first model's server.
+
+Passage embeddings are cached on disk (``service.eval.embedding_cache``): the first run per
+language and model embeds the corpus (length-sorted batches, with progress and an ETA), every
+later run ingests from the cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from service.eval.datasets import Judged
+from service.eval.metrics import METRICS, evaluate, per_query, percentile
+
+log = logging.getLogger(__name__)
+
+MODES = ("bm25", "knn", "hybrid", "hybrid+rerank")
+MODELS = {"int8": "multilingual-e5-small-int8", "fp32": "multilingual-e5-small-fp32"}
+TOP_K = 100
+# Requests ask for everything: no context budget cut (the default 6000 chars would return
+# only a handful of answers).
+NO_BUDGET = 50_000_000
+
+
+@dataclasses.dataclass
+class EvalSettings:
+    out: Path
+    modes: tuple[str, ...] = ("bm25", "knn", "hybrid", "hybrid+rerank")
+    models: tuple[str, ...] = ("int8",)
+    reranker: str = ""
+    engine: str = "embedded"
+    opensearch_url: str = ""
+    target: str = ""
+    top_k: int = TOP_K
+    candidates_per_leg: int = 100
+    rrf_k: int | None = None
+    bm25_weight: float | None = None
+    knn_weight: float | None = None
+    rerank_top_n: int | None = None
+    chunk_chars: int | None = None  # None: the service default
+    timeout_s: float = 60.0
+    ingest_batch: int = 2000
+    plots: bool = True
+    save_runs: bool = True
+    quiet: bool = False
+    extra_meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class ModeResult:
+    model: str
+    mode: str
+    status: str  # "ok" | "skipped"
+    reason: str = ""
+    queries: int = 0
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    latency_ms: dict[str, float] = dataclasses.field(default_factory=dict)
+    outcomes: dict[str, int] = dataclasses.field(default_factory=dict)
+    degraded: int = 0
+    leg_failures: dict[str, int] = dataclasses.field(default_factory=dict)
+    wall_s: float = 0.0
+
+
+def _say(settings: EvalSettings, msg: str) -> None:
+    if not settings.quiet:
+        print(msg, file=sys.stderr, flush=True)
+
+
+class _Progress:
+    def __init__(self, settings: EvalSettings, label: str, total: int) -> None:
+        self.settings, self.label, self.total = settings, label, total
+        self.t0 = time.monotonic()
+        self.last = 0.0
+
+    def __call__(self, done: int, total: int | None = None) -> None:
+        total = total or self.total
+        now = time.monotonic()
+        if now - self.last < 10 and done < total:
+            return
+        self.last = now
+        el = now - self.t0
+        eta = el / done * (total - done) if done else 0.0
+        _say(self.settings, f"  {self.label}: {done}/{total}  {el:.0f}s elapsed, ETA {eta:.0f}s")
+
+
+# -- the server ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Live:
+    target: str
+    channel: Any
+    retrieval: Any
+    corpus: Any
+    app: Any = None
+    server: Any = None
+    workdir: Path | None = None
+    model_ids: list[str] = dataclasses.field(default_factory=list)
+    embedder: Any = None
+
+
+def passage_texts(judged: Judged, cfg: Any) -> list[str]:
+    """The texts the ingestor embeds for every corpus document (same chunking, same
+    ``title\\nbreadcrumb\\ntext`` layout), so the cache can be filled up front."""
+    from service.ingest.chunking import chunk_document
+
+    texts = []
+    for doc_id in judged.corpus:
+        d = judged.document(doc_id)
+        title = str(d.get("title", ""))
+        for p in chunk_document(str(d["text"]), str(d.get("breadcrumb", "")), str(d.get("collection", "doc")),
+                                cfg.chunk_chars, cfg.parent_chars):
+            texts.append(f"{title}\n{p.breadcrumb}\n{p.text}".strip())
+    return texts
+
+
+async def _start(settings: EvalSettings, model: str, judged: Judged) -> _Live:
+    import grpc
+
+    from service._gen.retrieval.v1 import corpus_pb2_grpc, retrieval_pb2_grpc
+
+    if settings.target:
+        channel = grpc.aio.insecure_channel(settings.target)
+        return _Live(settings.target, channel, retrieval_pb2_grpc.RetrievalServiceStub(channel),
+                     corpus_pb2_grpc.CorpusServiceStub(channel), model_ids=[f"server at {settings.target}"])
+
+    from service.app import DUMMY_EMBEDDER, App, _model_dir
+    from service.config import Config, load_config
+    from service.eval.embedding_cache import CachedEmbedder
+    from service.models.dummy import HashEmbedder
+    from service.models.onnx_embedder import load_embedder
+
+    base = load_config(None)
+    workdir = Path(tempfile.mkdtemp(prefix="retrieval-eval-"))
+    overrides: dict[str, Any] = {
+        "data_dir": workdir, "embedding_model": MODELS.get(model, model),
+        "max_top_k": max(base.max_top_k, settings.top_k),
+        "candidates_per_leg": max(base.candidates_per_leg, settings.candidates_per_leg),
+        "reranker_model": settings.reranker, "api_keys_file": "", "default_deadline_s": settings.timeout_s,
+    }
+    if settings.engine == "opensearch":
+        if not settings.opensearch_url:
+            raise ValueError("--engine opensearch needs --opensearch-url")
+        overrides.update(opensearch_url=settings.opensearch_url,
+                         opensearch_index_prefix=f"eval-{uuid.uuid4().hex[:8]}")
+    else:
+        overrides["opensearch_url"] = ""
+    for name in ("rrf_k", "bm25_weight", "knn_weight", "rerank_top_n", "chunk_chars"):
+        value = getattr(settings, name)
+        if value is not None:
+            overrides[name] = value
+    if settings.chunk_chars is not None:
+        overrides["parent_chars"] = max(base.parent_chars, settings.chunk_chars)
+    cfg: Config = dataclasses.replace(base, **overrides)
+    if cfg.embedding_model == DUMMY_EMBEDDER:  # BM25-only studies: skip the real model
+        app = App.build(cfg, embedder=HashEmbedder())
+        return await _serve(app, workdir, None)
+    path = _model_dir(cfg, cfg.embedding_model)
+    if not (path / "model.onnx").exists():
+        raise FileNotFoundError(f"embedding model not found at {path}; build it with `python -m service models build`")
+    embedder = CachedEmbedder(load_embedder(path, threads=cfg.model_threads))
+    texts = passage_texts(judged, cfg)
+    missing = sum(not embedder.contains(t) for t in set(texts))
+    _say(settings, f"[{model}] {len(judged.corpus)} documents -> {len(texts)} passages; "
+                   f"{len(texts) - missing} cached, embedding {missing} (cache: {embedder.dir})")
+    if missing:
+        t0 = time.monotonic()
+        await asyncio.to_thread(embedder.warm, texts, workers=cfg.model_workers,
+                                progress=_Progress(settings, f"embed corpus [{model}]", missing))
+        if missing > 5000:
+            embedder.compact()
+        _say(settings, f"[{model}] embedded {missing} passages in {time.monotonic() - t0:.0f}s")
+    return await _serve(App.build(cfg, embedder=embedder), workdir, embedder)
+
+
+async def _serve(app: Any, workdir: Path, embedder: Any) -> _Live:
+    import grpc
+
+    from service._gen.retrieval.v1 import corpus_pb2_grpc, retrieval_pb2_grpc
+    from service.api.server import Server
+
+    server = Server(app)
+    port = await server.start("127.0.0.1:0")
+    target = f"127.0.0.1:{port}"
+    channel = grpc.aio.insecure_channel(target)
+    return _Live(target, channel, retrieval_pb2_grpc.RetrievalServiceStub(channel),
+                 corpus_pb2_grpc.CorpusServiceStub(channel), app, server, workdir,
+                 model_ids=app.runner.model_ids, embedder=embedder)
+
+
+async def _stop(live: _Live) -> None:
+    await live.channel.close()
+    if live.server is not None:
+        if live.app is not None and live.app.cfg.opensearch_url:
+            try:
+                await live.app.engine.drop_indices()
+            except Exception as exc:  # noqa: BLE001 - best-effort cleanup of throwaway indices
+                log.warning("could not drop eval indices: %s", exc)
+        await live.server.stop(1.0)
+    if live.embedder is not None:
+        live.embedder.flush()
+    if live.workdir is not None:
+        shutil.rmtree(live.workdir, ignore_errors=True)
+
+
+def _pb_document(d: dict[str, Any]) -> Any:
+    from service._gen.retrieval.v1 import corpus_pb2, types_pb2
+
+    coll = {"doc": types_pb2.COLLECTION_DOC, "faq": types_pb2.COLLECTION_FAQ}
+    status = {"approved": types_pb2.SOURCE_STATUS_APPROVED, "draft": types_pb2.SOURCE_STATUS_DRAFT,
+              "retired": types_pb2.SOURCE_STATUS_RETIRED}
+    return corpus_pb2.Document(
+        source_id=str(d["source_id"]), version=str(d.get("version", "v1")), title=str(d.get("title", "")),
+        text=str(d["text"]), collection=coll[str(d.get("collection", "doc"))],
+        status=status[str(d.get("status", "approved"))], acl=[str(g) for g in d.get("acl", []) or []],
+        breadcrumb=str(d.get("breadcrumb", "")),
+        metadata={str(k): str(v) for k, v in (d.get("metadata") or {}).items()})
+
+
+async def _ingest(settings: EvalSettings, live: _Live, judged: Judged, label: str) -> dict[str, Any]:
+    from service._gen.retrieval.v1 import corpus_pb2
+
+    ids = list(judged.corpus)
+    progress = _Progress(settings, f"ingest [{label}]", len(ids))
+    t0 = time.monotonic()
+    totals: Counter[str] = Counter()
+    errors: list[str] = []
+    for start in range(0, len(ids), settings.ingest_batch):
+        batch = ids[start : start + settings.ingest_batch]
+
+        async def stream(batch: list[str] = batch) -> AsyncIterator[Any]:
+            for doc_id in batch:
+                yield corpus_pb2.IngestRequest(document=_pb_document(judged.document(doc_id)))
+
+        summary = await live.corpus.Ingest(stream(), timeout=3600)
+        totals["indexed"] += summary.documents_indexed
+        totals["unchanged"] += summary.documents_unchanged
+        totals["chunks"] += summary.chunks_indexed
+        errors += [f"{e.source_id}: {e.field} {e.message}" for e in summary.errors]
+        progress(start + len(batch))
+    elapsed = time.monotonic() - t0
+    if errors:
+        _say(settings, f"  ingest errors ({len(errors)}): {errors[:3]}")
+    cache = {} if live.embedder is None else {"embedding_cache_hits": live.embedder.hits,
+                                              "embedding_cache_misses": live.embedder.misses}
+    return {"documents": len(ids), **totals, "errors": len(errors), "error_examples": errors[:10],
+            "seconds": round(elapsed, 1), **cache}
+
+
+def _request(query: str, mode: str, top_k: int) -> Any:
+    from service._gen.retrieval.v1 import retrieval_pb2, types_pb2
+
+    legs = {"bm25": [types_pb2.LEG_KIND_BM25], "knn": [types_pb2.LEG_KIND_KNN]}.get(mode, [])
+    rerank = types_pb2.RERANK_MODE_ON if mode == "hybrid+rerank" else types_pb2.RERANK_MODE_OFF
+    return retrieval_pb2.RetrieveRequest(
+        query=query, top_k=top_k,
+        options=retrieval_pb2.RetrievalOptions(legs=legs, rerank=rerank, max_context_chars=NO_BUDGET))
+
+
+async def _run_mode(settings: EvalSettings, live: _Live, judged: Judged, model: str, mode: str
+                    ) -> tuple[ModeResult, dict[str, list[str]], dict[str, list[float]]]:
+    from service._gen.retrieval.v1 import types_pb2
+
+    run: dict[str, list[str]] = {}
+    scores: dict[str, list[float]] = {}
+    rerank_skipped = 0
+    latencies: list[float] = []
+    outcomes: Counter[str] = Counter()
+    leg_failures: Counter[str] = Counter()
+    degraded = 0
+    progress = _Progress(settings, f"{mode} [{model}]", len(judged.queries))
+    t0 = time.monotonic()
+    # Warm-up (not measured): the first call pays session and cache start-up.
+    for q in list(judged.queries.values())[:3]:
+        async for _ in live.retrieval.Retrieve(_request(q, mode, settings.top_k), timeout=settings.timeout_s):
+            pass
+    for i, (qid, query) in enumerate(judged.queries.items(), start=1):
+        ranked: list[str] = []
+        score: list[float] = []
+        t = time.perf_counter()
+        async for ev in live.retrieval.Retrieve(_request(query, mode, settings.top_k), timeout=settings.timeout_s):
+            kind = ev.WhichOneof("event")
+            if kind == "evidence":
+                e = ev.evidence
+                ranked.append(e.source_id)
+                # The leg's own score for single-leg modes (for offline score-fusion studies).
+                score.append(e.bm25_score if mode == "bm25" else e.dense_score if mode == "knn"
+                             else e.rerank_score if e.HasField("rerank_score") else e.fused_score)
+            elif kind == "result":
+                outcomes[types_pb2.AttemptOutcome.Name(ev.result.outcome)] += 1
+                degraded += ev.result.degraded
+                for leg in ev.result.legs:
+                    status = types_pb2.LegStatus.Name(leg.status)
+                    if leg.kind == types_pb2.LEG_KIND_RERANK and mode == "hybrid+rerank" and status == "LEG_STATUS_SKIPPED":
+                        rerank_skipped += 1
+                    if status not in ("LEG_STATUS_OK", "LEG_STATUS_SKIPPED"):
+                        leg_failures[f"{types_pb2.LegKind.Name(leg.kind)}:{status}"] += 1
+        latencies.append((time.perf_counter() - t) * 1000)
+        run[qid] = ranked
+        scores[qid] = score
+        progress(i)
+    result = ModeResult(
+        model=model, mode=mode, status="ok", queries=len(run), metrics=evaluate(run, judged.qrels),
+        latency_ms={"p50": percentile(latencies, 50), "p95": percentile(latencies, 95),
+                    "mean": statistics.fmean(latencies) if latencies else 0.0},
+        outcomes=dict(outcomes), degraded=degraded, leg_failures=dict(leg_failures),
+        wall_s=round(time.monotonic() - t0, 1))
+    if rerank_skipped:
+        result.reason = f"the rerank leg reported SKIPPED on {rerank_skipped} queries (no reranker on the server?)"
+    return result, run, scores
+
+
+def _rerank_skip_reason(settings: EvalSettings, live: _Live) -> str:
+    if settings.target:
+        return ""
+    if not settings.reranker:
+        return "no reranker given (--reranker DIR): the rerank leg would report SKIPPED"
+    return ""
+
+
+async def evaluate_service(judged: Judged, settings: EvalSettings) -> dict[str, Any]:
+    """Run the whole evaluation; writes the report into ``settings.out`` and returns it."""
+    import grpc
+    settings.out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    unknown = [m for m in settings.modes if m not in MODES]
+    if unknown:
+        raise ValueError(f"unknown modes {unknown}; known: {', '.join(MODES)}")
+    results: list[ModeResult] = []
+    ingests: dict[str, Any] = {}
+    model_ids: dict[str, list[str]] = {}
+    _say(settings, f"evaluating {judged.name}: {len(judged.queries)} queries, {len(judged.corpus)} documents, "
+                   f"modes {','.join(settings.modes)}, models {','.join(settings.models)}, engine {settings.engine}")
+    if settings.target:
+        settings.models = ("server",)  # the running server decides its models
+    for mi, model in enumerate(settings.models):
+        modes = [m for m in settings.modes if not (m == "bm25" and mi > 0)]  # BM25 is model-independent
+        live = await _start(settings, model, judged)
+        try:
+            model_ids[model] = live.model_ids
+            if judged.corpus:
+                ingests[model] = await _ingest(settings, live, judged, model)
+                _say(settings, f"[{model}] ingest: {ingests[model]}")
+            for mode in modes:
+                if mode == "hybrid+rerank":
+                    reason = _rerank_skip_reason(settings, live)
+                    if reason:
+                        results.append(ModeResult(model, mode, "skipped", reason))
+                        _say(settings, f"  {mode} [{model}]: skipped ({reason})")
+                        continue
+                try:
+                    res, run, scores = await _run_mode(settings, live, judged, model, mode)
+                except grpc.aio.AioRpcError as exc:
+                    # A --target server without a reranker refuses RERANK_MODE_ON: report the skip.
+                    if mode != "hybrid+rerank" or exc.code() != grpc.StatusCode.INVALID_ARGUMENT:
+                        raise
+                    results.append(ModeResult(model, mode, "skipped", f"server refused rerank: {exc.details()}"))
+                    _say(settings, f"  {mode} [{model}]: skipped ({exc.details()})")
+                    continue
+                results.append(res)
+                _say(settings, f"  {mode} [{model}]: " + ", ".join(f"{k} {v:.4f}" for k, v in res.metrics.items())
+                     + f"; p50 {res.latency_ms['p50']:.1f} ms, p95 {res.latency_ms['p95']:.1f} ms")
+                if settings.save_runs:
+                    runs_dir = settings.out / "runs"
+                    runs_dir.mkdir(exist_ok=True)
+                    (runs_dir / f"{model}-{mode}.json").write_text(json.dumps(run))
+                    (runs_dir / f"{model}-{mode}.scores.json").write_text(json.dumps(scores))
+        finally:
+            await _stop(live)
+    report = {
+        "dataset": judged.stats(),
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(settings).items()},
+        "model_ids": model_ids,
+        "ingest": ingests,
+        "results": [dataclasses.asdict(r) for r in results],
+        "metric_notes": {"mrr@100": "reciprocal rank of the first relevant answer within the top 100, else 0",
+                         "ndcg@10": "binary gains", "latency": "client wall time of one Retrieve stream, "
+                         "sequential single queries, warm"},
+        "environment": {"python": platform.python_version(), "machine": platform.machine(),
+                        "cpus": __import__("os").cpu_count()},
+        "wall_s": round(time.monotonic() - started, 1),
+        **settings.extra_meta,
+    }
+    write_report(report, settings.out, plots=settings.plots)
+    return report
+
+
+# -- report -------------------------------------------------------------------------------
+
+
+def markdown_table(results: Sequence[dict[str, Any]]) -> str:
+    lines = ["| model | mode | Recall@10 | Recall@100 | MRR@100 | nDCG@10 | p50 ms | p95 ms | notes |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        if r["status"] != "ok":
+            lines.append(f"| {r['model']} | {r['mode']} | - | - | - | - | - | - | skipped: {r['reason']} |")
+            continue
+        m, lat = r["metrics"], r["latency_ms"]
+        notes = []
+        bad = {k: v for k, v in r["outcomes"].items() if k != "ATTEMPT_OUTCOME_EVIDENCE_FOUND"}
+        if bad:
+            notes.append("outcomes " + ", ".join(f"{k.removeprefix('ATTEMPT_OUTCOME_')}={v}" for k, v in bad.items()))
+        if r["leg_failures"]:
+            notes.append("leg failures " + ", ".join(f"{k}={v}" for k, v in r["leg_failures"].items()))
+        if r.get("reason"):
+            notes.append(r["reason"])
+        model = "(any)" if r["mode"] == "bm25" else r["model"]
+        lines.append(f"| {model} | {r['mode']} | {m['recall@10']:.4f} | {m['recall@100']:.4f} | {m['mrr@100']:.4f} | "
+                     f"{m['ndcg@10']:.4f} | {lat['p50']:.1f} | {lat['p95']:.1f} | {'; '.join(notes)} |")
+    return "\n".join(lines)
+
+
+def write_report(report: dict[str, Any], out: Path, *, plots: bool = True) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
+    ds = report["dataset"]
+    s = report["settings"]
+    md = [f"# Evaluation: {ds['name']}", "",
+          f"{ds['queries']} queries, {ds['corpus']} documents, engine {s['engine']}, top_k {s['top_k']}, "
+          f"candidates per leg {s['candidates_per_leg']}; models: "
+          + "; ".join(f"{k}: {', '.join(v)}" for k, v in report["model_ids"].items()), "",
+          markdown_table(report["results"]), "",
+          ("MRR is MRR@100 (first relevant answer within the top 100). nDCG@10 uses binary gains. "
+           "Latency: client wall time of one Retrieve stream (top_k 100), sequential warm single queries. "
+           "BM25 does not depend on the embedding model (run once)."), ""]
+    if int(s["top_k"]) < 100:
+        md.append(f"Note: top_k is {s['top_k']}, so Recall@100 and MRR@100 only see the top {s['top_k']}.")
+    for model, ing in report.get("ingest", {}).items():
+        md.append(f"- ingest [{model}]: {ing}")
+    md.append(f"- total wall time: {report['wall_s']} s")
+    if plots:
+        try:
+            _plots(report, out)
+            md += ["", "![quality per mode](quality.png)", "", "![latency vs quality](latency_quality.png)"]
+        except ImportError:
+            md += ["", "(plots skipped: matplotlib is not installed; `pip install '.[eval]'`)"]
+    (out / "report.md").write_text("\n".join(md) + "\n")
+
+
+def _plots(report: dict[str, Any], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in report["results"] if r["status"] == "ok"]
+    if not rows:
+        return
+    labels = [r["mode"] if r["mode"] == "bm25" else f"{r['mode']}\n{r['model']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(rows)), 4.5))
+    width = 0.8 / len(METRICS)
+    for j, metric in enumerate(METRICS):
+        xs = [i + (j - (len(METRICS) - 1) / 2) * width for i in range(len(rows))]
+        ax.bar(xs, [r["metrics"][metric] for r in rows], width, label=metric)
+        if metric == "ndcg@10":
+            for x, r in zip(xs, rows):
+                ax.annotate(f"{r['metrics'][metric]:.3f}", (x, r["metrics"][metric]), ha="center",
+                            textcoords="offset points", xytext=(0, 2), fontsize=7)
+    ax.set_xticks(range(len(rows)), labels)
+    ax.set_ylim(0, 1.12)
+    ax.set_ylabel("score")
+    ax.set_title(f"Quality per mode\n{report['dataset']['name']}", fontsize=9)
+    ax.legend(ncol=4, fontsize=8, loc="upper center")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "quality.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for r, label in zip(rows, labels):
+        ax.errorbar(r["latency_ms"]["p50"], r["metrics"]["ndcg@10"],
+                    xerr=[[0], [max(0.0, r["latency_ms"]["p95"] - r["latency_ms"]["p50"])]], fmt="o", capsize=3)
+        ax.annotate(label.replace("\n", " "), (r["latency_ms"]["p50"], r["metrics"]["ndcg@10"]),
+                    textcoords="offset points", xytext=(5, 5), fontsize=8)
+    ax.set_xlabel("latency p50 ms (bar to p95)")
+    ax.set_ylabel("nDCG@10")
+    ax.set_title(f"Latency vs quality\n{report['dataset']['name']}", fontsize=9)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "latency_quality.png", dpi=110)
+    plt.close(fig)
+
+
+def per_query_rows(run: dict[str, list[str]], judged: Judged) -> list[dict[str, Any]]:
+    return [{"qid": q, **per_query(run.get(q, []), rel)} for q, rel in judged.qrels.items()]
