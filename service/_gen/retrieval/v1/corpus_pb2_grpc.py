@@ -71,10 +71,9 @@ class CorpusServiceServicer:
         nothing already stored is lost. Re-ingesting the same source and version with the
         same content is a no-op (counted as unchanged); changed content replaces that
         version only. Other versions stay readable.
-        Status codes: OK (see errors for per-document failures), INVALID_ARGUMENT (the
-        stream is empty), UNAVAILABLE (the engine cannot be written; documents accepted
-        before the failure are counted in the trailer `x-documents-indexed`),
-        UNAUTHENTICATED, RESOURCE_EXHAUSTED.
+        Status codes: OK (per-document failures, including an engine that could not be
+        written, are in IngestSummary.errors with an empty field), INVALID_ARGUMENT (the
+        stream is empty), UNAVAILABLE (the server is shutting down), UNAUTHENTICATED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -45,10 +45,9 @@ class CorpusServiceStub:
     nothing already stored is lost. Re-ingesting the same source and version with the
     same content is a no-op (counted as unchanged); changed content replaces that
     version only. Other versions stay readable.
-    Status codes: OK (see errors for per-document failures), INVALID_ARGUMENT (the
-    stream is empty), UNAVAILABLE (the engine cannot be written; documents accepted
-    before the failure are counted in the trailer `x-documents-indexed`),
-    UNAUTHENTICATED, RESOURCE_EXHAUSTED.
+    Status codes: OK (per-document failures, including an engine that could not be
+    written, are in IngestSummary.errors with an empty field), INVALID_ARGUMENT (the
+    stream is empty), UNAVAILABLE (the server is shutting down), UNAUTHENTICATED.
     """
     DeleteDocument: _grpc.UnaryUnaryMultiCallable[_corpus_pb2.DeleteDocumentRequest, _corpus_pb2.DeleteDocumentResponse]
     """DeleteDocument removes one version of a source, or every version.
@@ -78,10 +77,9 @@ class CorpusServiceAsyncStub(CorpusServiceStub):
     nothing already stored is lost. Re-ingesting the same source and version with the
     same content is a no-op (counted as unchanged); changed content replaces that
     version only. Other versions stay readable.
-    Status codes: OK (see errors for per-document failures), INVALID_ARGUMENT (the
-    stream is empty), UNAVAILABLE (the engine cannot be written; documents accepted
-    before the failure are counted in the trailer `x-documents-indexed`),
-    UNAUTHENTICATED, RESOURCE_EXHAUSTED.
+    Status codes: OK (per-document failures, including an engine that could not be
+    written, are in IngestSummary.errors with an empty field), INVALID_ARGUMENT (the
+    stream is empty), UNAVAILABLE (the server is shutting down), UNAUTHENTICATED.
     """
     DeleteDocument: _aio.UnaryUnaryMultiCallable[_corpus_pb2.DeleteDocumentRequest, _corpus_pb2.DeleteDocumentResponse]  # type: ignore[assignment]
     """DeleteDocument removes one version of a source, or every version.
@@ -114,10 +112,9 @@ class CorpusServiceServicer(metaclass=_abc_1.ABCMeta):
         nothing already stored is lost. Re-ingesting the same source and version with the
         same content is a no-op (counted as unchanged); changed content replaces that
         version only. Other versions stay readable.
-        Status codes: OK (see errors for per-document failures), INVALID_ARGUMENT (the
-        stream is empty), UNAVAILABLE (the engine cannot be written; documents accepted
-        before the failure are counted in the trailer `x-documents-indexed`),
-        UNAUTHENTICATED, RESOURCE_EXHAUSTED.
+        Status codes: OK (per-document failures, including an engine that could not be
+        written, are in IngestSummary.errors with an empty field), INVALID_ARGUMENT (the
+        stream is empty), UNAVAILABLE (the server is shutting down), UNAUTHENTICATED.
         """
 
     @_abc_1.abstractmethod

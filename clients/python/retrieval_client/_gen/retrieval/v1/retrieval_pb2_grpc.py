@@ -34,8 +34,8 @@ class RetrievalServiceStub:
     INVALID_ARGUMENT    a field is malformed; google.rpc.BadRequest field violations in
     the `grpc-status-details-bin` trailer name each field.
     RESOURCE_EXHAUSTED  the server is overloaded (too many attempts in flight, model
-    queue full) or the caller's rate limit is spent; the
-    `retry-after-ms` trailer says when to retry. Not recorded as an
+    queues nearly full); the `retry-after-ms` trailer and a
+    google.rpc.RetryInfo say when to retry. Not recorded as an
     attempt: nothing reached the policy checks.
     UNAVAILABLE         the server is shutting down.
     Every response carries trailing metadata `x-attempt-id`, `x-timing-queue-ms`,
@@ -74,8 +74,8 @@ class RetrievalServiceServicer:
     INVALID_ARGUMENT    a field is malformed; google.rpc.BadRequest field violations in
     the `grpc-status-details-bin` trailer name each field.
     RESOURCE_EXHAUSTED  the server is overloaded (too many attempts in flight, model
-    queue full) or the caller's rate limit is spent; the
-    `retry-after-ms` trailer says when to retry. Not recorded as an
+    queues nearly full); the `retry-after-ms` trailer and a
+    google.rpc.RetryInfo say when to retry. Not recorded as an
     attempt: nothing reached the policy checks.
     UNAVAILABLE         the server is shutting down.
     Every response carries trailing metadata `x-attempt-id`, `x-timing-queue-ms`,
@@ -152,8 +152,8 @@ class RetrievalService:
     INVALID_ARGUMENT    a field is malformed; google.rpc.BadRequest field violations in
     the `grpc-status-details-bin` trailer name each field.
     RESOURCE_EXHAUSTED  the server is overloaded (too many attempts in flight, model
-    queue full) or the caller's rate limit is spent; the
-    `retry-after-ms` trailer says when to retry. Not recorded as an
+    queues nearly full); the `retry-after-ms` trailer and a
+    google.rpc.RetryInfo say when to retry. Not recorded as an
     attempt: nothing reached the policy checks.
     UNAVAILABLE         the server is shutting down.
     Every response carries trailing metadata `x-attempt-id`, `x-timing-queue-ms`,
