@@ -16,7 +16,8 @@ from service.api import convert
 from service.api.auth import Authenticator
 from service.api.errors import LOOKUP_OUTCOME_ERRORS, abort_with
 from service.app import App
-from service.errors import DomainError, InvalidArgument, NotFound, Overloaded, ShuttingDown
+from service.engines.base import EngineError
+from service.errors import BackendFailure, DomainError, InvalidArgument, NotFound, Overloaded, ShuttingDown
 from service.ingest.ingestor import IngestOutcome
 from service.pipeline.attempt import AttemptResultOut, EvidenceEvent, EvidenceOut, LegEvent, ResultEvent
 from service.pipeline.request import AttemptRequest, Principal, validate
@@ -204,7 +205,10 @@ class CorpusServicer(corpus_pb2_grpc.CorpusServiceServicer):
             else:
                 summary.errors.append(corpus_pb2.DocumentError(
                     index=i, source_id=doc.source_id, version=doc.version, field=out.field, message=out.message))
-        await self.app.engine.refresh()
+        try:
+            await self.app.engine.refresh()
+        except EngineError as exc:  # writes were acknowledged; visibility follows the engine's own refresh
+            log.warning("refresh after ingest failed: %s", exc)
         elapsed = time.monotonic() - started
         summary.elapsed_ms = elapsed * 1000
         summary.chunks_per_second = summary.chunks_indexed / elapsed if elapsed > 0 else 0.0
@@ -217,10 +221,14 @@ class CorpusServicer(corpus_pb2_grpc.CorpusServiceServicer):
             self.auth.authenticate(context)
             if not request.source_id:
                 raise InvalidArgument.one("source_id", "must not be empty")
-            deleted = await self.app.engine.delete_document(request.source_id, request.version or None)
+            try:
+                deleted = await self.app.engine.delete_document(request.source_id, request.version or None)
+                if deleted:
+                    await self.app.engine.refresh()
+            except EngineError as exc:
+                raise BackendFailure(f"engine {self.app.engine.name}: {exc}")
             if deleted == 0:
                 raise NotFound(f"no chunks for {request.source_id}@{request.version or '*'}")
-            await self.app.engine.refresh()
         except DomainError as exc:
             await abort_with(context, exc)
             raise AssertionError("unreachable")
@@ -232,16 +240,18 @@ class CorpusServicer(corpus_pb2_grpc.CorpusServiceServicer):
         try:
             principal = self.auth.authenticate(context)
             source, _, _ = parse_evidence_id(request.evidence_id)
+            try:
+                found = await self.app.engine.get_chunks([request.evidence_id])
+                versions = await self.app.engine.versions(source)
+            except EngineError as exc:
+                raise BackendFailure(f"engine {self.app.engine.name}: {exc}")
         except DomainError as exc:
             await abort_with(context, exc)
             raise AssertionError("unreachable")
-        found = await self.app.engine.get_chunks([request.evidence_id])
         visible = [c for c in found if principal.unrestricted or not c.acl or set(c.acl) & set(principal.groups)]
         if visible:
             chunk = visible[0]
             return corpus_pb2.GetEvidenceResponse(
                 fidelity=corpus_pb2.FIDELITY_EXACT, evidence=convert.chunk_to_pb(chunk),
-                status=convert.status_to_pb(chunk.status),
-                available_versions=await self.app.engine.versions(source))
-        return corpus_pb2.GetEvidenceResponse(
-            fidelity=corpus_pb2.FIDELITY_DEGRADED, available_versions=await self.app.engine.versions(source))
+                status=convert.status_to_pb(chunk.status), available_versions=versions)
+        return corpus_pb2.GetEvidenceResponse(fidelity=corpus_pb2.FIDELITY_DEGRADED, available_versions=versions)

@@ -44,7 +44,7 @@ from service.engines.base import (
 from service.errors import DeadlineExceeded, Overloaded
 from service.ledger.store import Ledger
 from service.models.runtime import ModelRuntime, Timing
-from service.pipeline.fusion import Candidate, max_rrf_score, rrf
+from service.pipeline.fusion import Candidate, FusionParams, fusion_for, max_rrf_score, rrf
 from service.pipeline.postprocess import admissible, apply_context_budget, dedupe
 from service.pipeline.relevance import assign_quality, relevance_level, sigmoid
 from service.pipeline.request import AttemptRequest, Principal
@@ -266,6 +266,7 @@ class AttemptRunner:
             top_k = min(top_k, decision.max_results_per_search)
 
         legs = req.legs or (LegKind.BM25, LegKind.KNN)
+        fusion = fusion_for(req.query, cfg)
         acl = None if principal.unrestricted else principal.groups
         flt = SearchFilter(req.collections, req.source_ids, dict(req.metadata), acl)
 
@@ -274,9 +275,9 @@ class AttemptRunner:
         async for r in self._emit_legs(req, flt, legs, deadline):
             runs.append(r)
             yield LegEvent(r.report)  # as each leg finishes
-        candidates = self._fuse(runs)
+        candidates = self._fuse(runs, fusion)
         retry_keys = [k for k in cfg.retry_unfiltered_keys if k in flt.metadata]
-        if retry_keys and self._weak(candidates, runs) and time.monotonic() < deadline - _REPLY_MARGIN_S:
+        if retry_keys and self._weak(candidates, runs, fusion) and time.monotonic() < deadline - _REPLY_MARGIN_S:
             loose = SearchFilter(flt.collections, flt.source_ids,
                                  {k: v for k, v in flt.metadata.items() if k not in retry_keys}, flt.acl_groups)
             runs = []
@@ -284,10 +285,10 @@ class AttemptRunner:
                 r.report.detail = (r.report.detail + " " if r.report.detail else "") + "(retry without category filter)"
                 runs.append(r)
                 yield LegEvent(r.report)
-            candidates = self._fuse(runs)
+            candidates = self._fuse(runs, fusion)
             result.retried_unfiltered = True
         result.legs = [r.report for r in runs]
-        failed = [r.report for r in runs if r.report.status is not LegStatus.OK]
+        failed = [r.report for r in runs if r.report.status not in (LegStatus.OK, LegStatus.SKIPPED)]
         result.degraded = bool(failed)
         result.retrieved_count = len(candidates)
         for r in runs:
@@ -325,7 +326,7 @@ class AttemptRunner:
         ranked = dedupe(allowed)
 
         # 4. Rerank (falls back to the fused order on timeout/failure, and says so).
-        max_fused = self._max_fused(runs)
+        max_fused = self._max_fused(runs, fusion)
         reranked = await self._rerank(req, ranked, deadline, result, max_fused)
 
         # 5. Quality, gate, relevance, budget.
@@ -365,23 +366,25 @@ class AttemptRunner:
         for kind in skipped:
             yield _LegRun(LegReport(kind, LegStatus.SKIPPED, 0.0, 0, "not requested"), [])
 
-    def _fuse(self, runs: list[_LegRun]) -> list[Candidate]:
+    @staticmethod
+    def _fuse(runs: list[_LegRun], fusion: FusionParams) -> list[Candidate]:
         hits = {r.report.kind: r.hits for r in runs}
-        return rrf(hits.get(LegKind.BM25, []), hits.get(LegKind.KNN, []), k=self.cfg.rrf_k,
-                   bm25_weight=self.cfg.bm25_weight, knn_weight=self.cfg.knn_weight)
+        return rrf(hits.get(LegKind.BM25, []), hits.get(LegKind.KNN, []), k=fusion.rrf_k,
+                   bm25_weight=fusion.bm25_weight, knn_weight=fusion.knn_weight)
 
-    def _max_fused(self, runs: list[_LegRun]) -> float:
+    @staticmethod
+    def _max_fused(runs: list[_LegRun], fusion: FusionParams) -> float:
         """Best possible fused score over the planned legs: a leg that failed still counts,
         so a degraded single-leg answer can never look PRECISE by rank alone."""
-        weights = [self.cfg.bm25_weight if r.report.kind is LegKind.BM25 else self.cfg.knn_weight
+        weights = [fusion.bm25_weight if r.report.kind is LegKind.BM25 else fusion.knn_weight
                    for r in runs if r.report.status is not LegStatus.SKIPPED]
-        return max_rrf_score(weights, self.cfg.rrf_k)
+        return max_rrf_score(weights, fusion.rrf_k)
 
-    def _weak(self, candidates: list[Candidate], runs: list[_LegRun]) -> bool:
+    def _weak(self, candidates: list[Candidate], runs: list[_LegRun], fusion: FusionParams) -> bool:
         if not candidates:
             return True
         best = max(candidates, key=lambda c: c.fused_score)
-        assign_quality(best, reranked=False, max_fused=self._max_fused(runs))
+        assign_quality(best, reranked=False, max_fused=self._max_fused(runs, fusion))
         return best.quality < self.cfg.reference_threshold
 
     def _add_rerank_report(self, result: AttemptResultOut, status: LegStatus, detail: str, req: AttemptRequest) -> None:

@@ -7,9 +7,29 @@ RRF uses ranks only; weights let a tuned deployment favour one leg.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
+from service.config import Config
 from service.engines.base import ChunkRecord, Hit
+
+# Han ideographs (incl. extension A and compatibility): the query is treated as Chinese.
+_CJK = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+
+
+@dataclass(frozen=True)
+class FusionParams:
+    rrf_k: int
+    bm25_weight: float
+    knn_weight: float
+
+
+def fusion_for(query: str, cfg: Config) -> FusionParams:
+    """Per-language fusion settings: BM25 over cjk bigrams and dense similarity trade off
+    differently in Chinese and English (tuned on InsuranceQA train, service/eval/fusion_tuned.json)."""
+    if _CJK.search(query):
+        return FusionParams(cfg.cjk_rrf_k, cfg.cjk_bm25_weight, cfg.cjk_knn_weight)
+    return FusionParams(cfg.rrf_k, cfg.bm25_weight, cfg.knn_weight)
 
 
 @dataclass

@@ -255,3 +255,13 @@ async def test_health_serving_and_reflection(demo: Live) -> None:
     async for resp in stub.ServerReflectionInfo(reqs()):
         names |= {s.name for s in resp.list_services_response.service}
     assert {"retrieval.v1.RetrievalService", "retrieval.v1.CorpusService", "grpc.health.v1.Health"} <= names
+
+
+async def test_a_leg_left_out_by_request_is_skipped_not_failed(demo: Live) -> None:
+    bm25_only = retrieval_pb2.RetrievalOptions(legs=[types_pb2.LEG_KIND_BM25])
+    found = result_of(await demo.retrieve(query="invoice pdf", top_k=2, options=bm25_only))
+    assert found.outcome == types_pb2.ATTEMPT_OUTCOME_EVIDENCE_FOUND and not found.degraded
+    assert legs_of(found)["LEG_KIND_KNN"] == "LEG_STATUS_SKIPPED"
+    assert found.quality_source == types_pb2.QUALITY_SOURCE_RANK_FALLBACK and found.top_quality == 1.0
+    nothing = result_of(await demo.retrieve(query="qzxjv wkpfy", top_k=2, options=bm25_only))
+    assert nothing.outcome == types_pb2.ATTEMPT_OUTCOME_EMPTY and not nothing.degraded

@@ -170,3 +170,19 @@ async def test_reranker_timeout_falls_back_to_the_fused_order_and_says_so(start_
     assert result.outcome == types_pb2.ATTEMPT_OUTCOME_EVIDENCE_FOUND and result.degraded
     assert [e.evidence_id for e in evidence_of(events)] == [e.evidence_id for e in evidence_of(baseline)]
     assert all(not e.HasField("rerank_score") for e in evidence_of(events))
+
+
+async def test_corpus_calls_on_a_failed_engine_are_unavailable_never_unknown(start_server: StartServer) -> None:
+    from service._gen.retrieval.v1 import corpus_pb2
+    from tests.support.harness import demo_documents
+
+    live = await start_server()
+    await live.app.engine.close()
+    for call in (live.corpus.GetEvidence(corpus_pb2.GetEvidenceRequest(evidence_id="kb-billing#0@v1")),
+                 live.corpus.DeleteDocument(corpus_pb2.DeleteDocumentRequest(source_id="kb-billing"))):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    summary = await live.ingest(demo_documents()[:2])  # per-document failures, reported
+    assert summary.documents_indexed == 0 and len(summary.errors) == 2
+    assert all("EngineUnavailable" in e.message for e in summary.errors)

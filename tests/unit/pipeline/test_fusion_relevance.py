@@ -83,3 +83,12 @@ def test_context_budget_cuts_and_flags() -> None:
     assert len(items) == 2 and not truncated  # top_k is the caller's choice, not a cut
     items, truncated = apply_context_budget(cands[:2], top_k=2, max_chars=10_000)
     assert len(items) == 2 and not truncated
+
+
+def test_fusion_settings_follow_the_query_language() -> None:
+    from service.config import Config
+    from service.pipeline.fusion import FusionParams, fusion_for
+
+    cfg = Config()
+    assert fusion_for("how do I get an invoice", cfg) == FusionParams(cfg.rrf_k, cfg.bm25_weight, cfg.knn_weight)
+    assert fusion_for("如何开具发票 invoice", cfg) == FusionParams(cfg.cjk_rrf_k, cfg.cjk_bm25_weight, cfg.cjk_knn_weight)
