@@ -21,7 +21,6 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
@@ -81,11 +80,6 @@ async def seed(engine: OpenSearchEngine, n: int = 20) -> None:
     await engine.refresh()
 
 
-def host_port(url: str) -> tuple[str, int]:
-    parts = urlsplit(url)
-    return parts.hostname or "127.0.0.1", parts.port or 9200
-
-
 async def assert_times_out(call: Any, budget: float) -> float:
     started = time.perf_counter()
     with pytest.raises(EngineTimeout):
@@ -93,20 +87,6 @@ async def assert_times_out(call: Any, budget: float) -> float:
     elapsed = time.perf_counter() - started
     assert elapsed <= budget + client_margin(budget) + SLACK, elapsed
     return elapsed
-
-
-@pytest.fixture
-async def node_url() -> str:
-    return opensearch_url_or_skip()
-
-
-@pytest.fixture
-async def proxy(node_url: str) -> AsyncIterator[TcpProxy]:
-    p = await TcpProxy(*host_port(node_url)).start()
-    try:
-        yield p
-    finally:
-        await p.close()
 
 
 @pytest.fixture

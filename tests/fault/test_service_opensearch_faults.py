@@ -62,11 +62,6 @@ def name(outcome: int) -> str:
     return types_pb2.AttemptOutcome.Name(outcome)  # type: ignore[arg-type]
 
 
-def host_port(url: str) -> tuple[str, int]:
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    return host, int(port)
-
-
 def os_config(url: str, prefix: str, data_dir: Path) -> Config:
     return dataclasses.replace(Config(), opensearch_url=url, opensearch_index_prefix=prefix, data_dir=data_dir)
 
@@ -94,20 +89,6 @@ def assert_found(result: retrieval_pb2.AttemptResult, sources: list[str]) -> Non
     assert result.outcome == FOUND, (name(result.outcome), legs_of(result), [leg.detail for leg in result.legs])
     assert not result.degraded and result.engine == "opensearch"
     assert sources[0] == EXPECTED, sources
-
-
-@pytest.fixture
-async def node_url() -> str:
-    return opensearch_url_or_skip()
-
-
-@pytest.fixture
-async def proxy(node_url: str) -> AsyncIterator[TcpProxy]:
-    p = await TcpProxy(*host_port(node_url)).start()
-    try:
-        yield p
-    finally:
-        await p.close()
 
 
 @pytest.fixture

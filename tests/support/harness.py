@@ -68,6 +68,27 @@ class Live:
 StartServer = Callable[..., Awaitable[Live]]
 
 
+async def launch(cfg: Config, embedder: EmbeddingBackend, reranker: CrossEncoderBackend | None = None,
+                 demo: bool = True) -> Live:
+    """Start a real server on a loopback port (optionally with the demo corpus ingested)."""
+    app = App.build(cfg, embedder=embedder, reranker=reranker)
+    server = Server(app)
+    port = await server.start("127.0.0.1:0")
+    target = f"127.0.0.1:{port}"
+    channel = grpc.aio.insecure_channel(target)
+    live = Live(server, app, channel, retrieval_pb2_grpc.RetrievalServiceStub(channel),
+                corpus_pb2_grpc.CorpusServiceStub(channel), target)
+    if demo:
+        summary = await live.ingest(demo_documents())
+        assert not summary.errors and summary.documents_indexed == len(DEMO_DOCUMENTS), summary
+    return live
+
+
+async def shutdown(live: Live) -> None:
+    await live.channel.close()
+    await live.server.stop(0.5)
+
+
 @pytest.fixture
 async def start_server(tmp_path: Path, e5_embedder: EmbeddingBackend) -> AsyncIterator[StartServer]:
     """Factory: start a fresh server with config overrides (and optional backends)."""
@@ -76,41 +97,21 @@ async def start_server(tmp_path: Path, e5_embedder: EmbeddingBackend) -> AsyncIt
     async def start(embedder: EmbeddingBackend | None = None, reranker: CrossEncoderBackend | None = None,
                     demo: bool = True, **overrides: Any) -> Live:
         cfg = dataclasses.replace(Config(), data_dir=tmp_path / f"data{len(started)}", **overrides)
-        app = App.build(cfg, embedder=embedder or e5_embedder, reranker=reranker)
-        server = Server(app)
-        port = await server.start("127.0.0.1:0")
-        target = f"127.0.0.1:{port}"
-        channel = grpc.aio.insecure_channel(target)
-        live = Live(server, app, channel, retrieval_pb2_grpc.RetrievalServiceStub(channel),
-                    corpus_pb2_grpc.CorpusServiceStub(channel), target)
+        live = await launch(cfg, embedder or e5_embedder, reranker, demo)
         started.append(live)
-        if demo:
-            summary = await live.ingest(demo_documents())
-            assert not summary.errors, summary.errors
         return live
 
     yield start
     for live in started:
-        await live.channel.close()
-        await live.server.stop(0.5)
+        await shutdown(live)
 
 
 @pytest.fixture(scope="session")
 async def demo(tmp_path_factory: pytest.TempPathFactory, e5_embedder: EmbeddingBackend) -> AsyncIterator[Live]:
     """One shared server with the demo corpus, for read-only tests."""
-    cfg = dataclasses.replace(Config(), data_dir=tmp_path_factory.mktemp("demo"))
-    app = App.build(cfg, embedder=e5_embedder)
-    server = Server(app)
-    port = await server.start("127.0.0.1:0")
-    target = f"127.0.0.1:{port}"
-    channel = grpc.aio.insecure_channel(target)
-    live = Live(server, app, channel, retrieval_pb2_grpc.RetrievalServiceStub(channel),
-                corpus_pb2_grpc.CorpusServiceStub(channel), target)
-    summary = await live.ingest(demo_documents())
-    assert summary.documents_indexed == len(DEMO_DOCUMENTS), summary
+    live = await launch(dataclasses.replace(Config(), data_dir=tmp_path_factory.mktemp("demo")), e5_embedder)
     yield live
-    await channel.close()
-    await server.stop(0.5)
+    await shutdown(live)
 
 
 def result_of(events: list[retrieval_pb2.RetrieveEvent]) -> retrieval_pb2.AttemptResult:

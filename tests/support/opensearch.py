@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable
@@ -122,3 +123,9 @@ def opensearch_kit(request: pytest.FixtureRequest, kit_cls: Callable[..., K], di
 
     kit.reopen = reopen
     return kit  # type: ignore[no-any-return]
+
+
+def host_port(url: str) -> tuple[str, int]:
+    """``http://host:port`` -> (host, port), for proxies placed in front of a node."""
+    parts = urllib.parse.urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or 9200

@@ -31,11 +31,9 @@ from service._gen.retrieval.v1 import (
     retrieval_pb2,
     retrieval_pb2_grpc,
 )
-from service.api.server import Server
-from service.app import App
 from service.config import Config
 from service.models.base import EmbeddingBackend
-from tests.support.harness import Live
+from tests.support.harness import Live, launch, shutdown
 from tests.support.tcp_proxy import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,19 +45,11 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 # -- in-process ------------------------------------------------------------------------------
 
 async def start_live(cfg: Config, embedder: EmbeddingBackend) -> Live:
-    """Build and start the real App + Server on a loopback port (as the harness does)."""
-    app = App.build(cfg, embedder=embedder)
-    server = Server(app)
-    port = await server.start("127.0.0.1:0")
-    target = f"127.0.0.1:{port}"
-    channel = grpc.aio.insecure_channel(target)
-    return Live(server, app, channel, retrieval_pb2_grpc.RetrievalServiceStub(channel),
-                corpus_pb2_grpc.CorpusServiceStub(channel), target)
+    """Build and start the real App + Server on a loopback port, with an empty corpus."""
+    return await launch(cfg, embedder, demo=False)
 
 
-async def stop_live(live: Live) -> None:
-    await live.channel.close()
-    await live.server.stop(0.5)
+stop_live = shutdown
 
 
 async def health_status(channel: grpc.aio.Channel, service: str = "", timeout: float = 2.0) -> int:
