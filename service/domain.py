@@ -64,6 +64,10 @@ class LegTiming:
     tokenize_ms: float = 0.0
     inference_ms: float = 0.0
 
+    def plus(self, other: LegTiming) -> LegTiming:
+        return LegTiming(self.queue_ms + other.queue_ms, self.tokenize_ms + other.tokenize_ms,
+                         self.inference_ms + other.inference_ms)
+
 
 @dataclass
 class LegReport:

@@ -293,11 +293,7 @@ class AttemptRunner:
         result.retrieved_count = len(candidates)
         for r in runs:
             if r.report.timing:
-                result.timing = LegTiming(
-                    result.timing.queue_ms + r.report.timing.queue_ms,
-                    result.timing.tokenize_ms + r.report.timing.tokenize_ms,
-                    result.timing.inference_ms + r.report.timing.inference_ms,
-                )
+                result.timing = result.timing.plus(r.report.timing)
 
         def infra_failure(reason: str) -> None:
             errored = any(f.status is LegStatus.ERROR for f in failed)
@@ -430,7 +426,5 @@ class AttemptRunner:
         ranked[: len(head)] = head
         result.legs.append(LegReport(LegKind.RERANK, LegStatus.OK, (time.monotonic() - t0) * 1000,
                                      len(head), "", _timing(timing)))
-        result.timing = LegTiming(result.timing.queue_ms + timing.queue_ms,
-                                  result.timing.tokenize_ms + timing.tokenize_ms,
-                                  result.timing.inference_ms + timing.inference_ms)
+        result.timing = result.timing.plus(_timing(timing))
         return True

@@ -48,6 +48,7 @@ from service._gen.retrieval.v1 import corpus_pb2, corpus_pb2_grpc, retrieval_pb2
 from service.api.server import Server  # noqa: E402
 from service.app import App  # noqa: E402
 from service.config import Config  # noqa: E402
+from service.eval.metrics import percentile  # noqa: E402
 from service.demo.corpus import DEMO_DOCUMENTS  # noqa: E402
 from service.ingest.chunking import chunk_document  # noqa: E402
 from service.models.base import EmbeddingBackend, Encoded, FloatArray, TextKind  # noqa: E402
@@ -62,8 +63,7 @@ LEG_OF_MODE = {"bm25": "LEG_KIND_BM25", "knn": "LEG_KIND_KNN", "hybrid": ""}
 
 
 def pct(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))] if xs else float("nan")
+    return percentile(xs, p) if xs else float("nan")
 
 
 class PrecomputedPassages(EmbeddingBackend):

@@ -29,6 +29,7 @@ from service._gen.retrieval.v1 import corpus_pb2, corpus_pb2_grpc, retrieval_pb2
 from service.api.server import Server  # noqa: E402
 from service.app import App  # noqa: E402
 from service.config import Config  # noqa: E402
+from service.eval.metrics import percentile  # noqa: E402
 from service.demo.corpus import DEMO_DOCUMENTS  # noqa: E402
 
 QUERIES = ["how do I reset my password", "如何开具发票", "what is new in v2.4", "refund policy",
@@ -38,8 +39,7 @@ WORDS = ("account billing invoice password reset storage sync offline folder upl
 
 
 def pct(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+    return percentile(xs, p)
 
 
 def synthetic_docs(n: int, seed: int = 7) -> list[corpus_pb2.Document]:
