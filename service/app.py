@@ -3,9 +3,11 @@ from a Config. The transport (service.api) wraps an App; tests use it directly t
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from service.config import Config
 from service.engines.base import Engine
@@ -19,6 +21,11 @@ log = logging.getLogger(__name__)
 
 DUMMY_EMBEDDER = "dummy-hash"
 DUMMY_RERANKER = "dummy-overlap"
+AUTO_RERANKER = "auto"
+# The reranker `models train-reranker` builds; "auto" uses it once its valid gate passed.
+DEFAULT_RERANKER = "e5-small-split-reranker-int8"
+GATE_FILE = "valid_gate.json"
+GATE_LANGUAGES = ("en", "zh")
 
 
 def _model_dir(cfg: Config, name: str) -> Path:
@@ -41,19 +48,78 @@ def load_embedding_backend(cfg: Config) -> EmbeddingBackend:
     return load_embedder(path, threads=cfg.model_threads)
 
 
-def load_reranker_backend(cfg: Config) -> CrossEncoderBackend | None:
-    if not cfg.reranker_model:
+@dataclass(frozen=True)
+class RerankerChoice:
+    """What the rerank leg runs with: a backend, or None and the reason it is skipped."""
+
+    backend: CrossEncoderBackend | None
+    reason: str = ""  # why there is no backend (reported on every SKIPPED rerank leg)
+    alpha: float = 1.0  # rerank weight in the final order (see ``Config.rerank_alpha``)
+
+
+def read_gate(model_dir: Path) -> dict[str, Any] | None:
+    try:
+        gate: dict[str, Any] = json.loads((model_dir / GATE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
         return None
-    if cfg.reranker_model == DUMMY_RERANKER:
+    return gate
+
+
+def gate_failure(gate: dict[str, Any] | None, onnx_sha256: str) -> str:
+    """Empty when the gate file shows the model beating the tuned hybrid on the full valid
+    split in every required language, else why not."""
+    if gate is None:
+        return f"no {GATE_FILE} (run `python -m service eval --split valid --gate ...`)"
+    if gate.get("onnx_sha256") != onnx_sha256:
+        return f"{GATE_FILE} was measured on another build of the model"
+    langs = gate.get("languages", {})
+    for lang in GATE_LANGUAGES:
+        row = langs.get(lang)
+        if not row:
+            return f"{GATE_FILE} has no {lang} measurement"
+        if not row.get("full_split"):
+            return f"{GATE_FILE}: {lang} was measured on a sample, not the full valid split"
+        if not row["hybrid_rerank"] > row["hybrid"]:
+            return (f"it does not beat the tuned hybrid on valid {lang} "
+                    f"(nDCG@10 {row['hybrid_rerank']:.4f} vs {row['hybrid']:.4f})")
+    return ""
+
+
+def resolve_reranker(cfg: Config) -> RerankerChoice:
+    """``reranker_model``: "" = off; "auto" = the trained default, only when it is built and
+    its valid gate passed; a name or path = exactly that model (missing: startup fails)."""
+    name = cfg.reranker_model
+    if not name:
+        return RerankerChoice(None, "no reranker model configured")
+    if name == DUMMY_RERANKER:
         from service.models.dummy import OverlapCrossEncoder
 
-        return OverlapCrossEncoder()
+        return RerankerChoice(OverlapCrossEncoder(), alpha=_alpha(cfg, None))
+    from service.models.manifest import read_manifest
     from service.models.onnx_cross_encoder import load_cross_encoder
 
-    path = _model_dir(cfg, cfg.reranker_model)
+    auto = name == AUTO_RERANKER
+    path = _model_dir(cfg, DEFAULT_RERANKER if auto else name)
     if not (path / "model.onnx").exists():
+        if auto:
+            return RerankerChoice(None, f"default reranker {DEFAULT_RERANKER} is not built "
+                                        "(`python -m service models train-reranker`)")
         raise FileNotFoundError(f"reranker model not found at {path}")
-    return load_cross_encoder(path, threads=cfg.model_threads)
+    gate = read_gate(path)
+    if auto:
+        why = gate_failure(gate, str(read_manifest(path, "cross-encoder").get("onnx_sha256", "")))
+        if why:
+            return RerankerChoice(None, f"default reranker {DEFAULT_RERANKER} not used: {why}")
+    backend = load_cross_encoder(path, threads=cfg.model_threads, max_length=cfg.rerank_max_length)
+    return RerankerChoice(backend, alpha=_alpha(cfg, gate))
+
+
+def _alpha(cfg: Config, gate: dict[str, Any] | None) -> float:
+    if cfg.rerank_alpha >= 0:
+        return min(cfg.rerank_alpha, 1.0)
+    if gate is not None and "alpha" in gate:
+        return float(gate["alpha"])
+    return 1.0
 
 
 def build_engine(cfg: Config, dimension: int) -> Engine:
@@ -84,14 +150,19 @@ class App:
         reranker: CrossEncoderBackend | None = None, engine: Engine | None = None,
     ) -> App:
         embedder = embedder or load_embedding_backend(cfg)
-        reranker = reranker if reranker is not None else load_reranker_backend(cfg)
+        choice = RerankerChoice(reranker, alpha=_alpha(cfg, None)) if reranker is not None else resolve_reranker(cfg)
+        reranker = choice.backend
+        if choice.reason and cfg.reranker_model:
+            log.warning("rerank leg off: %s", choice.reason)
         runtime = ModelRuntime(
             embedder, reranker, workers=cfg.model_workers, max_batch=cfg.max_batch_size,
             max_wait_ms=cfg.max_batch_wait_ms, max_queue=cfg.max_queue,
         )
         engine = engine or build_engine(cfg, embedder.dimension)
         ledger = Ledger(cfg.data_dir / "ledger.sqlite3")
-        return cls(cfg, engine, runtime, ledger, AttemptRunner(cfg, engine, runtime, ledger),
+        runner = AttemptRunner(cfg, engine, runtime, ledger, rerank_alpha=choice.alpha,
+                               rerank_unavailable=choice.reason)
+        return cls(cfg, engine, runtime, ledger, runner,
                    Ingestor(cfg, engine, runtime))
 
     async def start(self) -> None:

@@ -27,7 +27,10 @@ class Config:
     # Models. embedding_model: a directory name under models_dir, or "dummy-hash" (tests).
     models_dir: Path = field(default_factory=default_models_dir)
     embedding_model: str = "multilingual-e5-small-int8"
-    reranker_model: str = ""  # empty: the rerank leg reports SKIPPED
+    # reranker_model: "auto" = the trained default (e5-small-split-reranker-int8) once it is
+    # built and its valid gate file shows it beating the tuned hybrid in en and zh; "" = off;
+    # a name or path = that model. Without one the rerank leg reports SKIPPED with the reason.
+    reranker_model: str = "auto"
     model_workers: int = 2  # executor threads for tokenizers + onnxruntime
     model_threads: int = 1  # intra-op threads per onnxruntime session
     max_batch_size: int = 16
@@ -53,8 +56,9 @@ class Config:
     cjk_knn_weight: float = 1.0
     retrieval_share: float = 0.6  # share of the remaining deadline for BM25/kNN legs
     rerank_top_n: int = 20
-    # Final rerank order: alpha * sigmoid(logit) + (1 - alpha) * fused / best fused.
-    rerank_alpha: float = 1.0
+    # Final rerank order: alpha * minmax(logit) + (1 - alpha) * minmax(fused) over the head.
+    # Negative: the alpha tuned on valid for the model (its gate file), else 1.0.
+    rerank_alpha: float = -1.0
     rerank_max_length: int = 256
     min_quality: float = 0.0
     precise_threshold: float = 0.75

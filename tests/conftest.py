@@ -1,5 +1,12 @@
 """Fixtures shared by every tier: the live-server harness (see tests/support/harness.py)."""
 
+import os
+
 from tests.support.harness import demo, e5_embedder, start_server
+
+# Hermetic runs: servers started by tests (in process or as `python -m service serve`
+# subprocesses) never pick up the "auto" reranker from this machine's model cache; tests
+# that want a reranker name one. The "auto" resolution itself is unit-tested.
+os.environ.setdefault("RETRIEVAL_RERANKER_MODEL", "")
 
 __all__ = ["demo", "e5_embedder", "start_server"]

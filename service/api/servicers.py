@@ -69,7 +69,8 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
     def _prepare(self, request: retrieval_pb2.RetrieveRequest, context: Context) -> tuple[AttemptRequest, Principal]:
         principal = self.auth.authenticate(context)
         req, conversion_errors = convert.request_from_pb(request)
-        validate(req, self.app.cfg, self.app.runtime.reranker is not None, conversion_errors)
+        validate(req, self.app.cfg, self.app.runtime.reranker is not None, conversion_errors,
+                 self.app.runner.rerank_unavailable)
         self.admission.admit()
         return req, principal
 

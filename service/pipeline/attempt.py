@@ -44,9 +44,9 @@ from service.engines.base import (
 from service.errors import DeadlineExceeded, Overloaded
 from service.ledger.store import Ledger
 from service.models.runtime import ModelRuntime, Timing
-from service.pipeline.fusion import Candidate, FusionParams, fusion_for, max_rrf_score, rrf
+from service.pipeline.fusion import Candidate, FusionParams, fusion_for, interpolate, max_rrf_score, rrf
 from service.pipeline.postprocess import admissible, apply_context_budget, dedupe
-from service.pipeline.relevance import assign_quality, relevance_level, sigmoid
+from service.pipeline.relevance import assign_quality, relevance_level
 from service.pipeline.request import AttemptRequest, Principal
 
 CHANNEL = "knowledge_base"
@@ -138,11 +138,14 @@ def _timing(t: Timing) -> LegTiming:
 
 
 class AttemptRunner:
-    def __init__(self, cfg: Config, engine: Engine, runtime: ModelRuntime, ledger: Ledger) -> None:
+    def __init__(self, cfg: Config, engine: Engine, runtime: ModelRuntime, ledger: Ledger, *,
+                 rerank_alpha: float = 1.0, rerank_unavailable: str = "") -> None:
         self.cfg = cfg
         self.engine = engine
         self.runtime = runtime
         self.ledger = ledger
+        self.rerank_alpha = rerank_alpha
+        self.rerank_unavailable = rerank_unavailable or "no reranker model configured"
 
     @property
     def model_ids(self) -> list[str]:
@@ -387,7 +390,7 @@ class AttemptRunner:
         if req.rerank is False:
             detail = "disabled by request"
         elif self.runtime.reranker is None:
-            detail = "no reranker model configured"
+            detail = self.rerank_unavailable
         result.legs.append(LegReport(LegKind.RERANK, status, 0.0, 0, detail))
 
     async def _rerank(
@@ -416,13 +419,15 @@ class AttemptRunner:
                                          f"{detail}; fell back to the fused order", _timing(timing)))
             result.degraded = True
             return False
-        alpha = self.cfg.rerank_alpha
+        alpha = self.rerank_alpha
         for c, s in zip(head, scores):
             c.rerank_score = s
-        # Interpolate the calibrated rerank probability with the normalised first-stage
-        # score (alpha = 1: the reranker alone).
-        head.sort(key=lambda c: -(alpha * sigmoid(c.rerank_score or 0.0)
-                                  + (1 - alpha) * c.fused_score / max_fused))
+        # alpha * rerank + (1 - alpha) * first stage, both min-max normalised over the
+        # reranked head (alpha = 1: the reranker alone). The same formula the trainer and
+        # `service eval` tune alpha with.
+        mixed = interpolate([float(s) for s in scores], [c.fused_score for c in head], alpha)
+        order = sorted(range(len(head)), key=lambda i: -mixed[i])
+        head[:] = [head[i] for i in order]
         ranked[: len(head)] = head
         result.legs.append(LegReport(LegKind.RERANK, LegStatus.OK, (time.monotonic() - t0) * 1000,
                                      len(head), "", _timing(timing)))

@@ -8,6 +8,7 @@ RRF uses ranks only; weights let a tuned deployment favour one leg.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from service.config import Config
@@ -68,3 +69,17 @@ def rrf(
 def max_rrf_score(weights: list[float], k: int) -> float:
     """The score of a document ranked first by every leg that ran."""
     return sum(w / (k + 1) for w in weights)
+
+
+def minmax(values: Sequence[float]) -> list[float]:
+    """Scale to [0, 1]; all zeros when every value is the same."""
+    if not values:
+        return []
+    lo, hi = min(values), max(values)
+    return [(v - lo) / (hi - lo) if hi > lo else 0.0 for v in values]
+
+
+def interpolate(rerank: Sequence[float], first_stage: Sequence[float], alpha: float) -> list[float]:
+    """``alpha * minmax(rerank) + (1 - alpha) * minmax(first_stage)`` per candidate: how the
+    rerank leg orders its head, and how the trainer and ``service eval`` tune ``alpha``."""
+    return [alpha * r + (1.0 - alpha) * f for r, f in zip(minmax(rerank), minmax(first_stage))]

@@ -56,7 +56,7 @@ class AttemptRequest:
 
 def validate(
     req: AttemptRequest, cfg: Config, reranker_configured: bool,
-    prior: Sequence[FieldViolation] = (),
+    prior: Sequence[FieldViolation] = (), reranker_unavailable: str = "no reranker model configured",
 ) -> None:
     """Raise InvalidArgument naming every bad field at once (``prior``: violations found
     while decoding the request)."""
@@ -84,7 +84,7 @@ def validate(
     if len(set(req.legs)) != len(req.legs):
         v.append(FieldViolation("options.legs", "lists a leg twice"))
     if req.rerank is True and not reranker_configured:
-        v.append(FieldViolation("options.rerank", "RERANK_MODE_ON, but this server has no reranker model configured"))
+        v.append(FieldViolation("options.rerank", f"RERANK_MODE_ON, but this server has no reranker: {reranker_unavailable}"))
     if not 0.0 <= req.min_quality <= 1.0:
         v.append(FieldViolation("options.min_quality", "must be within [0, 1]"))
     if req.gap is not None and req.gap.criticality and not 0.0 <= req.gap.criticality <= 1.0:

@@ -96,7 +96,8 @@ async def start_server(tmp_path: Path, e5_embedder: EmbeddingBackend) -> AsyncIt
 
     async def start(embedder: EmbeddingBackend | None = None, reranker: CrossEncoderBackend | None = None,
                     demo: bool = True, **overrides: Any) -> Live:
-        cfg = dataclasses.replace(Config(), data_dir=tmp_path / f"data{len(started)}", **overrides)
+        # Hermetic: no "auto" reranker picked up from this machine's model cache.
+        cfg = dataclasses.replace(Config(), data_dir=tmp_path / f"data{len(started)}", **{"reranker_model": "", **overrides})
         live = await launch(cfg, embedder or e5_embedder, reranker, demo)
         started.append(live)
         return live
@@ -109,7 +110,7 @@ async def start_server(tmp_path: Path, e5_embedder: EmbeddingBackend) -> AsyncIt
 @pytest.fixture(scope="session")
 async def demo(tmp_path_factory: pytest.TempPathFactory, e5_embedder: EmbeddingBackend) -> AsyncIterator[Live]:
     """One shared server with the demo corpus, for read-only tests."""
-    live = await launch(dataclasses.replace(Config(), data_dir=tmp_path_factory.mktemp("demo")), e5_embedder)
+    live = await launch(dataclasses.replace(Config(), data_dir=tmp_path_factory.mktemp("demo"), reranker_model=""), e5_embedder)
     yield live
     await shutdown(live)
 

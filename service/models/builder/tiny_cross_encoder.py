@@ -103,3 +103,41 @@ def build_tiny_cross_encoder(out_dir: Path, tokenizer_json: Path, layers: int = 
         },
     )
     return out_dir
+
+
+def build_tiny_split_cross_encoder(out_dir: Path, tokenizer_json: Path, lower: int = 1, upper: int = 1, hidden: int = 64,
+                                   seed: int = 0, cross_bias: float = -6.0, head_scale: float = 20.0,
+                                   query_max_tokens: int = 16, passage_max_tokens: int = 48) -> Path:
+    """A random-weight split cross-encoder (``split_graph.py``) with the trained reranker's
+    manifest layout, for tests of the runner, the graph and the reranker resolution."""
+    from service.models.builder.split_graph import SplitHead, build_split_graph
+
+    tok = Tokenizer.from_file(str(tokenizer_json))
+    config = BertConfig(hidden=hidden, layers=lower + upper, heads=max(1, hidden // 32), intermediate=4 * hidden,
+                        vocab_size=tok.get_vocab_size(with_added_tokens=True), max_positions=TINY_MAX_LENGTH,
+                        type_vocab_size=1, eps=1e-12)
+    weights = _random_weights(config, np.random.default_rng(seed))
+    lower_w = dataclasses.replace(weights, layers=weights.layers[:lower])
+    head = SplitHead([np.full(config.heads, cross_bias, np.float32) for _ in range(upper)],
+                     np.full(hidden, head_scale, np.float32), 0.0)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    onnx.save(build_split_graph(config, lower_w, weights.layers[lower:], head, False, "tiny-split"), str(out_dir / MODEL_FILE))
+    tok.save(str(out_dir / TOKENIZER_FILE))
+    write_manifest(out_dir, {
+        "model_id": f"tiny-split-cross-encoder-l{lower}+{upper}-h{hidden}-s{seed}",
+        "kind": "cross-encoder",
+        "architecture": "split",
+        "precision": "fp32",
+        "max_length": passage_max_tokens,
+        "query_max_tokens": query_max_tokens,
+        "passage_max_tokens": passage_max_tokens,
+        "query_prefix": "query:",
+        "passage_prefix": "passage:",
+        "lower_layers": lower,
+        "upper_layers": upper,
+        "source": {"random_seed": seed, "tokenizer_sha256": sha256_file(tokenizer_json)},
+        "onnx_sha256": sha256_file(out_dir / MODEL_FILE),
+        "config": dataclasses.asdict(config),
+        "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    })
+    return out_dir

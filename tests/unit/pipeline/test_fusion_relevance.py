@@ -92,3 +92,15 @@ def test_fusion_settings_follow_the_query_language() -> None:
     cfg = Config()
     assert fusion_for("how do I get an invoice", cfg) == FusionParams(cfg.rrf_k, cfg.bm25_weight, cfg.knn_weight)
     assert fusion_for("如何开具发票 invoice", cfg) == FusionParams(cfg.cjk_rrf_k, cfg.cjk_bm25_weight, cfg.cjk_knn_weight)
+
+
+def test_interpolate_minmax_both_scores() -> None:
+    from service.pipeline.fusion import interpolate, minmax
+
+    assert minmax([2.0, 4.0, 3.0]) == [0.0, 1.0, 0.5]
+    assert minmax([1.0, 1.0]) == [0.0, 0.0]
+    rerank, fused = [10.0, 12.0, 11.0], [0.3, 0.1, 0.2]
+    assert interpolate(rerank, fused, 1.0) == [0.0, 1.0, 0.5]
+    assert interpolate(rerank, fused, 0.0) == pytest.approx([1.0, 0.0, 0.5])
+    mixed = interpolate(rerank, fused, 0.6)
+    assert mixed == pytest.approx([0.4, 0.6, 0.5])

@@ -1,0 +1,102 @@
+"""Writes the split cross-encoder as one ONNX graph (PreTTR-style, MacAvaney et al. 2020).
+
+The lower ``n_lower`` layers are the e5 bi-encoder's own, run separately on the query
+(``<s> query: q </s>``) and the passage (``<s> passage: p </s>``); the upper layers run on
+the concatenation, so every query token can attend to every passage token and back. Each
+upper layer adds a learned per-head bias to the cross-segment attention scores: trained
+from -6 (almost no cross attention, i.e. exactly the bi-encoder) to whatever helps. The
+head mean-pools each segment, L2-normalises both, and scores ``sum(w * q * p) + b``
+(``w`` starts at 20 * ones: the bi-encoder's cosine at its usual temperature), so the
+untrained model already ranks like the dense leg and training only has to add to it.
+
+Why split: the lower layers never see the other text, so training caches their output
+once (``head="hidden"``) and only the upper layers pay forward + backward; that is what
+makes a useful cross-encoder trainable on two CPU cores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import onnx
+from onnx import TensorProto, helper
+
+from service.models.builder.bert_graph import (
+    LOGITS_OUTPUT,
+    GraphOptions,
+    _Graph,
+    embed,
+    encoder_layer,
+    finish,
+    mean_l2,
+    padding_mask,
+)
+from service.models.builder.q4bin import BertConfig, BertWeights, LayerWeights
+
+QUERY_INPUTS = ("query_ids", "query_mask")
+PASSAGE_INPUTS = ("passage_ids", "passage_mask")
+
+
+@dataclass
+class SplitHead:
+    cross_bias: list[npt.NDArray[np.float32]]  # one [heads] per upper layer
+    w: npt.NDArray[np.float32]  # [hidden]
+    b: float
+
+
+def build_split_graph(config: BertConfig, lower: BertWeights, upper: list[LayerWeights], head: SplitHead,
+                      int8_word_embedding: bool, name: str) -> onnx.ModelProto:
+    """Inputs int64 [batch, query_seq] x2 and [batch, passage_seq] x2; output logits [batch, 1]."""
+    if len(head.cross_bias) != len(upper):
+        raise ValueError("one cross-attention bias vector per upper layer")
+    g = _Graph()
+    nh = config.heads
+    options = GraphOptions(int8_word_embedding=int8_word_embedding)
+    states = []
+    for ids, mask in (QUERY_INPUTS, PASSAGE_INPUTS):
+        x = embed(g, ids, config, lower, options)
+        ext = padding_mask(g, mask)
+        for i, lw in enumerate(lower.layers):
+            x = encoder_layer(g, x, ext, lw, f"encoder.layer.{i}", config)
+        states.append(x)
+
+    x = g.op("Concat", states, axis=1)
+    mask = g.op("Concat", [QUERY_INPUTS[1], PASSAGE_INPUTS[1]], axis=1)
+    ext = padding_mask(g, mask)
+    # Segment ids 0 (query) / 1 (passage); cross[b, 1, i, j] = 1 where i and j differ.
+    zeros = g.op("Mul", [g.op("Cast", [QUERY_INPUTS[1]], to=TensorProto.FLOAT), g.const("const_0f", 0.0)])
+    ones = g.op("Add", [g.op("Mul", [g.op("Cast", [PASSAGE_INPUTS[1]], to=TensorProto.FLOAT), "const_0f"]), "const_1f"])
+    seg = g.op("Concat", [zeros, ones], axis=1)
+    rows = g.op("Unsqueeze", [seg, g.const("axes_2", [2], np.int64)])
+    cols = g.op("Unsqueeze", [seg, g.const("axes_1", [1], np.int64)])
+    cross = g.op("Unsqueeze", [g.op("Abs", [g.op("Sub", [rows, cols])]), "axes_1"])
+    n_lower = len(lower.layers)
+    for j, lw in enumerate(upper):
+        p = f"encoder.layer.{n_lower + j}"
+        bias = g.const(p + ".cross_bias", np.asarray(head.cross_bias[j], np.float32).reshape(1, nh, 1, 1))
+        layer_mask = g.op("Add", [ext, g.op("Mul", [cross, bias])])
+        x = encoder_layer(g, x, layer_mask, lw, p, config)
+
+    q_len = g.op("Gather", [g.op("Shape", [QUERY_INPUTS[0]]), g.const("const_one_idx", 1, np.int64)], axis=0)
+    q_len = g.op("Unsqueeze", [q_len, g.const("axes_0", [0], np.int64)])
+    big = g.const("const_int_max", [2**62], np.int64)
+    axis = g.const("axes_seq_1d", [1], np.int64)
+    q_part = g.op("Slice", [x, g.const("starts_0", [0], np.int64), q_len, axis])
+    p_part = g.op("Slice", [x, q_len, big, axis])
+    q_vec = mean_l2(g, q_part, QUERY_INPUTS[1])
+    p_vec = mean_l2(g, p_part, PASSAGE_INPUTS[1])
+    prod = g.op("Mul", [q_vec, p_vec])
+    logits = g.op("MatMul", [prod, g.const("head.weight", np.asarray(head.w, np.float32).reshape(-1, 1))])
+    g.op("Add", [logits, g.const("head.bias", [float(head.b)])], name=LOGITS_OUTPUT)
+
+    batch = "batch"
+    inputs = [
+        helper.make_tensor_value_info(QUERY_INPUTS[0], TensorProto.INT64, [batch, "query_seq"]),
+        helper.make_tensor_value_info(QUERY_INPUTS[1], TensorProto.INT64, [batch, "query_seq"]),
+        helper.make_tensor_value_info(PASSAGE_INPUTS[0], TensorProto.INT64, [batch, "passage_seq"]),
+        helper.make_tensor_value_info(PASSAGE_INPUTS[1], TensorProto.INT64, [batch, "passage_seq"]),
+    ]
+    output = helper.make_tensor_value_info(LOGITS_OUTPUT, TensorProto.FLOAT, [batch, 1])
+    return finish(g, name, inputs, [output])

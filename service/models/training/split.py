@@ -1,0 +1,464 @@
+"""Train the split cross-encoder (``builder/split_graph.py``) on CPU from a pack.
+
+    python -m service.models.training.split cache --pack .cache/train-pack --cache .cache/split-cache
+    python -m service.models.training.split train --pack .cache/train-pack --cache .cache/split-cache \\
+        --out .cache/split-run --minutes 60
+
+Step 1 runs the frozen lower layers (the first ``--lower`` layers of e5-small, ONNX fp32,
+exactly the graph serving runs) once over every passage, train question and valid question
+of the pack and keeps their token states (fp16, ~2.5 GB per language). Step 2 trains the
+upper layers, the cross-attention biases and the head on those states: listwise softmax
+cross-entropy over 1 positive + ``--group - 1`` mined hard negatives per question, AdamW,
+warmup then linear decay fitted into ``--minutes``, seeded, resumable (``--resume``) from
+the checkpoint it writes every ``--ckpt-every-min`` minutes, with progress and ETA on stderr.
+
+Valid checks use the pack's valid questions and their 50 first-stage candidates: nDCG@10 of
+the first stage, of the reranker alone, and of ``alpha * rerank + (1 - alpha) * first stage``
+(both min-max normalised per query), for each alpha.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from service.models.training.data import Pack, Ragged, load_pack, ndcg10_from_order
+
+ALPHAS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+QUERY_PREFIX = "query:"
+PASSAGE_PREFIX = "passage:"
+CACHE_VERSION = 1
+
+
+def _log(msg: str) -> None:
+    print(f"[split] {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class SplitLayout:
+    """How a text becomes lower-layer input: ``<s> prefix text </s>``, capped at ``max_tokens``."""
+
+    lower: int = 10
+    query_max_tokens: int = 64
+    passage_max_tokens: int = 192
+
+
+def assemble(prefix: list[int], text: npt.NDArray[Any], max_tokens: int, bos: int, eos: int) -> npt.NDArray[np.int64]:
+    body = text[: max(0, max_tokens - 2 - len(prefix))]
+    return np.concatenate([[bos], prefix, body, [eos]]).astype(np.int64)
+
+
+# -- step 1: the lower-layer state cache -----------------------------------------------------
+
+
+def _e5_source() -> Any:
+    from service.models.builder.e5 import source_bin
+    from service.models.builder.q4bin import read_e5_bin
+
+    return read_e5_bin(source_bin())
+
+
+def _prefix_ids(tokenizer_path: Path) -> tuple[list[int], list[int]]:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_path))
+    return (tok.encode(QUERY_PREFIX, add_special_tokens=False).ids, tok.encode(PASSAGE_PREFIX, add_special_tokens=False).ids)
+
+
+def lower_session(src: Any, n_lower: int, threads: int) -> Any:
+    """onnxruntime session of the embedding + first ``n_lower`` layers (head: hidden states)."""
+    import onnx
+    import onnxruntime as ort
+
+    from service.models.builder.bert_graph import GraphOptions, build_bert_graph
+    from service.models.builder.q4bin import BertConfig, BertWeights
+
+    cfg = src.config
+    w = src.weights
+    lower_cfg = BertConfig(cfg.hidden, n_lower, cfg.heads, cfg.intermediate, cfg.vocab_size, cfg.max_positions,
+                           cfg.type_vocab_size, cfg.eps)
+    graph = build_bert_graph(lower_cfg, BertWeights(w.word, w.position, w.token_type, w.emb_ln_w, w.emb_ln_b, w.layers[:n_lower]),
+                             GraphOptions(head="hidden"), "e5-lower")
+    path = Path(tempfile.mkdtemp()) / "lower.onnx"
+    onnx.save(graph, str(path))
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+
+
+def encode_states(session: Any, seqs: list[npt.NDArray[np.int64]], pad_id: int, batch: int = 64,
+                  label: str = "") -> tuple[npt.NDArray[np.float16], npt.NDArray[np.int64]]:
+    """Ragged fp16 states: flat [total_tokens, hidden] and offsets [n + 1]."""
+    lens = np.array([len(s) for s in seqs], dtype=np.int64)
+    off = np.zeros(len(seqs) + 1, dtype=np.int64)
+    off[1:] = np.cumsum(lens)
+    flat: npt.NDArray[np.float16] | None = None
+    order = np.argsort(lens, kind="stable")
+    t0 = time.perf_counter()
+    for n, start in enumerate(range(0, len(order), batch)):
+        idx = order[start : start + batch]
+        width = int(lens[idx].max())
+        ids = np.full((len(idx), width), pad_id, dtype=np.int64)
+        mask = np.zeros((len(idx), width), dtype=np.int64)
+        for r, i in enumerate(idx):
+            ids[r, : lens[i]] = seqs[i]
+            mask[r, : lens[i]] = 1
+        out = session.run(None, {"input_ids": ids, "attention_mask": mask})[0]
+        if flat is None:
+            flat = np.zeros((int(off[-1]), out.shape[-1]), dtype=np.float16)
+        for r, i in enumerate(idx):
+            flat[off[i] : off[i + 1]] = out[r, : lens[i]]
+        if n % 50 == 0:
+            done = min(start + batch, len(order))
+            rate = done / max(time.perf_counter() - t0, 1e-9)
+            _log(f"cache {label}: {done}/{len(order)} ({rate:.0f}/s, eta {(len(order) - done) / rate:.0f}s)")
+    assert flat is not None
+    return flat, off
+
+
+def build_cache(pack: Pack, cache: Path, layout: SplitLayout, threads: int = 2) -> None:
+    from service.models.training.pack import default_model_dir
+
+    cache.mkdir(parents=True, exist_ok=True)
+    tokenizer_path = default_model_dir() / "tokenizer.json"
+    q_prefix, p_prefix = _prefix_ids(tokenizer_path)
+    src = _e5_source()
+    session = lower_session(src, layout.lower, threads)
+    keep = pack.vocab_keep.astype(np.int64)  # pack ids are pruned; the lower graph has the full table
+    bos, eos, pad_id = src.vocab.bos_id, src.vocab.eos_id, src.vocab.pad_id
+    for lang, d in pack.langs.items():
+        for name, rag, prefix, cap in (("docs", d.docs, p_prefix, layout.passage_max_tokens),
+                                       ("train_q", d.train_q, q_prefix, layout.query_max_tokens),
+                                       ("valid_q", d.valid_q, q_prefix, layout.query_max_tokens)):
+            target = cache / f"{lang}_{name}.npy"
+            if target.exists():
+                _log(f"{target.name}: cached")
+                continue
+            seqs = [assemble(prefix, keep[rag[i]], cap, bos, eos) for i in range(len(rag))]
+            flat, off = encode_states(session, seqs, pad_id, label=f"{lang}/{name}")
+            np.save(cache / f"{lang}_{name}_off.npy", off)
+            np.save(target, flat)
+    (cache / "cache.json").write_text(json.dumps({"version": CACHE_VERSION, "layout": layout.__dict__,
+                                                  "pack_sha256": pack.manifest["files"]["data.npz"]["sha256"]}, indent=2))
+
+
+@dataclass
+class LangStates:
+    docs: Ragged
+    train_q: Ragged
+    valid_q: Ragged
+
+
+def load_cache(cache: Path, langs: list[str]) -> dict[str, LangStates]:
+    out = {}
+    for lang in langs:
+        def rag(name: str) -> Ragged:
+            return Ragged(np.load(cache / f"{lang}_{name}.npy", mmap_mode="r"), np.load(cache / f"{lang}_{name}_off.npy"))
+
+        out[lang] = LangStates(rag("docs"), rag("train_q"), rag("valid_q"))
+    return out
+
+
+# -- step 2: the trainable upper part ---------------------------------------------------------
+
+
+def make_upper(src: Any, layout: SplitLayout, n_upper: int, dropout: float, cross_bias_init: float, head_scale: float) -> Any:
+    import torch
+    from torch import nn
+
+    from service.models.training.model import Layer, _linears
+
+    cfg = src.config
+
+    class Upper(nn.Module):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(Layer(cfg.hidden, cfg.heads, cfg.intermediate, cfg.eps, dropout) for _ in range(n_upper))
+            self.cross_bias = nn.Parameter(torch.full((n_upper, cfg.heads), float(cross_bias_init)))
+            self.head_w = nn.Parameter(torch.full((cfg.hidden,), float(head_scale)))
+            self.head_b = nn.Parameter(torch.zeros(()))
+
+        def forward(self, q: Any, qm: Any, p: Any, pm: Any) -> Any:
+            x = torch.cat([q, p], dim=1)
+            mask = torch.cat([qm, pm], dim=1).float()
+            seg = torch.cat([torch.zeros_like(qm), torch.ones_like(pm)], dim=1).float()
+            cross = (seg[:, :, None] - seg[:, None, :]).abs()[:, None]  # [b, 1, s, s]
+            ext = (1.0 - mask[:, None, None, :]) * -10000.0
+            for j, layer in enumerate(self.layers):
+                x = layer(x, ext + cross * self.cross_bias[j][None, :, None, None])
+            sq = q.shape[1]
+
+            def mean_l2(h: Any, m: Any) -> Any:
+                m = m.float()[:, :, None]
+                v = (h * m).sum(1) / m.sum(1).clamp_min(1e-9)
+                return v / v.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+
+            return (mean_l2(x[:, :sq], qm) * mean_l2(x[:, sq:], pm)) @ self.head_w + self.head_b
+
+    model = Upper()
+    with torch.no_grad():
+        for layer, lw in zip(model.layers, src.weights.layers[layout.lower : layout.lower + n_upper]):
+            for name, (wt, bs) in _linears(lw).items():
+                lin = getattr(layer, name)
+                lin.weight.copy_(torch.from_numpy(np.ascontiguousarray(wt.T, dtype=np.float32)))
+                lin.bias.copy_(torch.from_numpy(np.asarray(bs, dtype=np.float32)))
+            for ln, (w_, b_) in ((layer.aln, (lw.aln_w, lw.aln_b)), (layer.oln, (lw.oln_w, lw.oln_b))):
+                ln.weight.copy_(torch.from_numpy(np.asarray(w_, np.float32)))
+                ln.bias.copy_(torch.from_numpy(np.asarray(b_, np.float32)))
+    return model
+
+
+def pad_states(items: list[npt.NDArray[np.float16]]) -> tuple[Any, Any]:
+    import torch
+
+    width = max(len(a) for a in items)
+    x = np.zeros((len(items), width, items[0].shape[1]), dtype=np.float32)
+    m = np.zeros((len(items), width), dtype=np.int64)
+    for i, a in enumerate(items):
+        x[i, : len(a)] = a
+        m[i, : len(a)] = 1
+    return torch.from_numpy(x), torch.from_numpy(m)
+
+
+def forward_pairs(model: Any, q_items: list[Any], p_items: list[Any], micro: int, bf16: bool) -> Any:
+    """Logits [n] in the input order; pairs run in micro-batches of similar passage length
+    (padding to the longest pair of a whole step wastes ~40 % on InsuranceQA)."""
+    import torch
+
+    order = np.argsort([len(a) for a in p_items], kind="stable")
+    parts, index = [], []
+    for s in range(0, len(order), micro):
+        sel = order[s : s + micro]
+        q, qm = pad_states([q_items[i] for i in sel])
+        p, pm = pad_states([p_items[i] for i in sel])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            parts.append(model(q, qm, p, pm).float())
+        index.append(sel)
+    flat_index = torch.from_numpy(np.concatenate(index).astype(np.int64))
+    return torch.zeros(len(order), dtype=torch.float32).index_put((flat_index,), torch.cat(parts))
+
+
+def score_pairs(model: Any, states: LangStates, q_rag: Ragged, pairs: list[tuple[int, int]], bf16: bool = True) -> npt.NDArray[np.float32]:
+    import torch
+
+    with torch.no_grad():
+        logits = forward_pairs(model, [q_rag[a] for a, _ in pairs], [states.docs[b] for _, b in pairs], 32, bf16)
+    return np.asarray(logits.numpy(), dtype=np.float32)
+
+
+def _minmax(x: npt.NDArray[Any]) -> npt.NDArray[np.float64]:
+    x = x.astype(np.float64)
+    span = x.max() - x.min()
+    return (x - x.min()) / span if span > 0 else np.zeros_like(x)
+
+
+def evaluate(model: Any, pack: Pack, states: dict[str, LangStates], questions: int, depth: int) -> dict[str, Any]:
+    """nDCG@10 over the first ``questions`` valid questions, reranking their top ``depth``."""
+    model.eval()
+    res: dict[str, Any] = {}
+    for lang, d in pack.langs.items():
+        n = min(questions, len(d.valid_q))
+        pairs = [(qi, int(d.valid_cand[qi, c])) for qi in range(n) for c in range(depth)]
+        logits = score_pairs(model, states[lang], states[lang].valid_q, pairs).reshape(n, depth)
+        first = {a: [] for a in ALPHAS}  # type: dict[float, list[float]]
+        base = []
+        for qi in range(n):
+            rel = d.valid_rel[qi, :depth]
+            nrel = int(d.valid_nrel[qi])
+            fs = d.valid_cand_score[qi, :depth]
+            base.append(ndcg10_from_order(rel, nrel))
+            a_ = _minmax(logits[qi])
+            b_ = _minmax(fs)
+            for alpha in ALPHAS:
+                order = np.argsort(-(alpha * a_ + (1 - alpha) * b_), kind="stable")
+                first[alpha].append(ndcg10_from_order(rel[order], nrel))
+        res[lang] = {"first_stage": round(float(np.mean(base)), 4),
+                     "interp": {str(a): round(float(np.mean(v)), 4) for a, v in first.items()}}
+    model.train()
+    return res
+
+
+def train(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    t_start = time.perf_counter()
+    deadline = t_start + args.minutes * 60 if args.minutes else None
+    pack = load_pack(args.pack, [s for s in args.langs.split(",") if s] if args.langs else None)
+    meta = json.loads((args.cache / "cache.json").read_text())
+    layout = SplitLayout(**meta["layout"])
+    states = load_cache(args.cache, list(pack.langs))
+    src = _e5_source()
+    model = make_upper(src, layout, args.upper, args.dropout, args.cross_bias_init, args.head_scale)
+    groups_per_step = args.batch_groups
+    rng = np.random.default_rng(args.seed)
+    # Every (lang, question) with a positive and negatives, shuffled per epoch.
+    items = [(lang, qi) for lang, d in pack.langs.items() for qi in range(len(d.train_q))
+             if len(d.train_pos[qi]) and len(d.train_neg[qi])]
+    steps_per_epoch = len(items) // groups_per_step
+    planned = int(args.epochs * steps_per_epoch)
+    params = [
+        {"params": [p for L in model.layers for p in L.parameters()], "lr": args.lr, "weight_decay": args.weight_decay},
+        {"params": [model.cross_bias], "lr": args.lr * args.bias_lr_mult, "weight_decay": 0.0},
+        {"params": [model.head_w, model.head_b], "lr": args.lr * args.head_lr_mult, "weight_decay": 0.0},
+    ]
+    base_lrs = [g["lr"] for g in params]
+    opt = torch.optim.AdamW(params)
+    step = 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    ckpt = args.out / "ckpt.pt"
+    train_seconds = 0.0
+    if args.resume and ckpt.exists():
+        state = torch.load(ckpt, weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        step, train_seconds = int(state["step"]), float(state["train_seconds"])
+        rng = np.random.default_rng([args.seed, step])
+        _log(f"resumed at step {step} ({train_seconds:.0f}s trained)")
+    log = (args.out / "log.jsonl").open("a")
+
+    def emit(event: str, **data: Any) -> None:
+        log.write(json.dumps({"event": event, "step": step, **data}) + "\n")
+        log.flush()
+
+    if args.eval_start:
+        ev = evaluate(model, pack, states, args.eval_questions, args.eval_depth)
+        _log(f"eval at start: {json.dumps(ev)}")
+        emit("eval", result=ev)
+    budget = (deadline - time.perf_counter() - args.reserve_s) if deadline else None
+
+    def progress() -> float:
+        p = step / planned
+        if budget is not None:
+            p = max(p, train_seconds / budget)
+        return min(p, 1.0)
+
+    order = rng.permutation(len(items))
+    cursor = (step * groups_per_step) % len(items)
+    last_ckpt = time.perf_counter()
+    losses: list[float] = []
+    model.train()
+    while progress() < 1.0:
+        t0 = time.perf_counter()
+        p = progress()
+        scale = p / args.warmup if p < args.warmup else (1.0 - p) / (1.0 - args.warmup)
+        for g, lr in zip(opt.param_groups, base_lrs):
+            g["lr"] = lr * max(scale, 0.0)
+        if cursor + groups_per_step > len(items):
+            order, cursor = rng.permutation(len(items)), 0
+        batch = [items[i] for i in order[cursor : cursor + groups_per_step]]
+        cursor += groups_per_step
+        qs, ps = [], []
+        for lang, qi in batch:
+            d = pack.langs[lang]
+            neg = d.train_neg[qi]
+            docs = [int(rng.choice(d.train_pos[qi]))] + [int(x) for x in rng.choice(neg, size=args.group - 1, replace=len(neg) < args.group - 1)]
+            qs += [states[lang].train_q[qi]] * len(docs)
+            ps += [states[lang].docs[x] for x in docs]
+        logits = forward_pairs(model, qs, ps, args.micro, not args.fp32).view(len(batch), args.group)
+        loss = torch.nn.functional.cross_entropy(logits, torch.zeros(len(batch), dtype=torch.long))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        train_seconds += time.perf_counter() - t0
+        losses.append(float(loss))
+        if step % args.log_every == 0:
+            rate = step * groups_per_step * args.group / max(train_seconds, 1e-9)
+            eta = (1.0 - progress()) * (budget if budget is not None else train_seconds / max(progress(), 1e-9))
+            mean_loss = float(np.mean(losses[-args.log_every:]))
+            bias = model.cross_bias.detach().mean().item()
+            _log(f"step {step} loss {mean_loss:.3f} (chance {math.log(args.group):.3f}) progress {progress():.1%} "
+                 f"{rate:.0f} pairs/s cross_bias {bias:.2f} eta {eta / 60:.1f} min")
+            emit("progress", loss=mean_loss, progress=progress(), pairs_per_s=rate, cross_bias=bias)
+        if args.eval_every and step % args.eval_every == 0:
+            ev = evaluate(model, pack, states, args.eval_questions, args.eval_depth)
+            _log(f"eval: {json.dumps(ev)}")
+            emit("eval", result=ev)
+        if time.perf_counter() - last_ckpt > args.ckpt_every_min * 60:
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "train_seconds": train_seconds}, ckpt)
+            last_ckpt = time.perf_counter()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "train_seconds": train_seconds}, ckpt)
+    final = evaluate(model, pack, states, args.final_eval_questions, args.eval_depth)
+    _log(f"final eval: {json.dumps(final)}")
+    emit("final_eval", result=final)
+    save_weights(model, args.out, {"layout": layout.__dict__, "upper": args.upper, "steps": step,
+                                   "train_seconds": round(train_seconds, 1), "args": {k: str(v) for k, v in vars(args).items()},
+                                   "final_eval": final})
+    return {"steps": step, "final_eval": final, "train_seconds": train_seconds}
+
+
+WEIGHTS_FILE = "split-weights.npz"
+WEIGHTS_META = "split-weights.json"
+
+
+def save_weights(model: Any, out: Path, meta: dict[str, Any]) -> None:
+    arrays = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    np.savez(out / WEIGHTS_FILE, **arrays)
+    (out / WEIGHTS_META).write_text(json.dumps(meta, indent=2))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m service.models.training.split", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("step", choices=["cache", "train"])
+    p.add_argument("--pack", type=Path, required=True)
+    p.add_argument("--cache", type=Path, required=True)
+    p.add_argument("--out", type=Path, default=Path(".cache/split-run"))
+    p.add_argument("--langs", default=None)
+    p.add_argument("--lower", type=int, default=10)
+    p.add_argument("--upper", type=int, default=2)
+    p.add_argument("--query-max-tokens", type=int, default=64)
+    p.add_argument("--passage-max-tokens", type=int, default=192)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--group", type=int, default=8)
+    p.add_argument("--batch-groups", type=int, default=8)
+    p.add_argument("--micro", type=int, default=16, help="pairs per forward pass (length-sorted)")
+    p.add_argument("--fp32", action="store_true", help="no bf16 autocast (bf16 is ~2x faster on AVX512-BF16 CPUs)")
+    p.add_argument("--epochs", type=float, default=1.0)
+    p.add_argument("--minutes", type=float, default=None)
+    p.add_argument("--reserve-s", type=float, default=240.0, help="seconds of the budget kept for the final eval + save")
+    p.add_argument("--lr", type=float, default=5e-5)
+    p.add_argument("--bias-lr-mult", type=float, default=400.0)
+    p.add_argument("--head-lr-mult", type=float, default=20.0)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--warmup", type=float, default=0.05)
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--cross-bias-init", type=float, default=-6.0)
+    p.add_argument("--head-scale", type=float, default=20.0)
+    p.add_argument("--eval-every", type=int, default=0)
+    p.add_argument("--eval-start", action="store_true")
+    p.add_argument("--eval-questions", type=int, default=100)
+    p.add_argument("--final-eval-questions", type=int, default=300)
+    p.add_argument("--eval-depth", type=int, default=30)
+    p.add_argument("--log-every", type=int, default=20)
+    p.add_argument("--ckpt-every-min", type=float, default=5.0)
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.step == "cache":
+        pack = load_pack(args.pack, [s for s in args.langs.split(",") if s] if args.langs else None)
+        build_cache(pack, args.cache, SplitLayout(args.lower, args.query_max_tokens, args.passage_max_tokens), args.threads)
+    else:
+        train(args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

