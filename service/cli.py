@@ -213,9 +213,18 @@ def cmd_train_reranker(args: argparse.Namespace) -> int:
     from service.models.builder import default_models_dir
     from service.models.training.pipeline import run_pipeline
 
-    run_pipeline(pack=Path(args.pack), work=Path(args.work), models_dir=Path(args.out) if args.out else default_models_dir(),
-                 name=args.name, langs=args.langs, device=args.device, minutes=args.minutes, layers=args.layers,
-                 max_len=args.max_len, epochs=args.epochs, lr=args.lr, resume=args.resume, repack=args.repack)
+    models_dir = Path(args.out) if args.out else default_models_dir()
+    if args.arch == "split":
+        from service.models.training.pipeline import run_split_pipeline
+
+        run_split_pipeline(pack=Path(args.pack), cache=Path(args.cache), work=Path(args.work), models_dir=models_dir,
+                           name=args.name or "e5-small-split-reranker", langs=args.langs, minutes=args.minutes or 60.0,
+                           resume=args.resume, repack=args.repack)
+        return 0
+    run_pipeline(pack=Path(args.pack), work=Path(args.work), models_dir=models_dir,
+                 name=args.name or "e5-small-reranker", langs=args.langs, device=args.device, minutes=args.minutes,
+                 layers=args.layers, max_len=args.max_len, epochs=args.epochs, lr=args.lr, resume=args.resume,
+                 repack=args.repack)
     return 0
 
 
@@ -271,12 +280,16 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--out", default=None)
     b.add_argument("--force", action="store_true")
     b.set_defaults(fn=cmd_models)
-    t = msub.add_parser("train-reranker", help="pack -> train -> export the cross-encoder (hours on CPU at full size; "
-                        "see service/models/training/DEVICE.md for a GPU)")
+    t = msub.add_parser("train-reranker", help="pack -> train -> export the cross-encoder (split: ~2 h on 2 CPU cores; "
+                        "joint: hours per epoch on CPU, see service/models/training/DEVICE.md for a GPU)")
+    t.add_argument("--arch", choices=["split", "joint"], default="split",
+                   help="split: lower e5 layers cached, upper layers trained (the default reranker); "
+                        "joint: a full cross-encoder (GPU)")
     t.add_argument("--pack", default=".cache/train-pack")
+    t.add_argument("--cache", default=".cache/split-cache", help="split: lower-layer states (~5 GB)")
     t.add_argument("--work", default=".cache/train-reranker", help="weights, metrics, checkpoints")
     t.add_argument("--out", default=None, help="models dir (default: the builder's)")
-    t.add_argument("--name", default="e5-small-reranker")
+    t.add_argument("--name", default=None, help="default e5-small-split-reranker / e5-small-reranker")
     t.add_argument("--langs", default="en,zh")
     t.add_argument("--device", default=None)
     t.add_argument("--minutes", type=float, default=None, help="training wall-clock budget")

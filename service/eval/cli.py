@@ -41,6 +41,10 @@ def add_eval_parser(sub: Any) -> None:
     e.add_argument("--bm25-weight", type=float, default=None)
     e.add_argument("--knn-weight", type=float, default=None)
     e.add_argument("--rerank-top-n", type=int, default=None)
+    e.add_argument("--rerank-alpha", type=float, default=None,
+                   help="interpolation weight the server runs with (the report sweeps every alpha anyway)")
+    e.add_argument("--gate", action="store_true",
+                   help="record hybrid vs hybrid+rerank in the reranker dir's valid_gate.json (what 'auto' checks)")
     e.add_argument("--chunk-chars", type=int, default=None,
                    help="override the server's child chunk size (an ingest experiment; default: the service's)")
     e.add_argument("--top-k", type=int, default=100)
@@ -74,7 +78,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         out=Path(args.out), modes=args.modes, models=args.models, reranker=args.reranker,
         engine=args.engine, opensearch_url=args.opensearch_url, target=args.target, top_k=args.top_k,
         rrf_k=args.rrf_k, bm25_weight=args.bm25_weight, knn_weight=args.knn_weight,
-        rerank_top_n=args.rerank_top_n, chunk_chars=args.chunk_chars, timeout_s=args.timeout, plots=not args.no_plots, quiet=args.quiet,
+        rerank_top_n=args.rerank_top_n, rerank_alpha=args.rerank_alpha, gate=args.gate, lang=args.lang,
+        full_split=(args.split == "valid" and not args.judgements and args.sample is None and args.corpus_sample is None),
+        chunk_chars=args.chunk_chars, timeout_s=args.timeout, plots=not args.no_plots, quiet=args.quiet,
         extra_meta={"command": " ".join(["python -m service", *sys.argv[1:]]), "seed": args.seed},
     )
     report = asyncio.run(evaluate_service(judged, settings))

@@ -66,6 +66,11 @@ class EvalSettings:
     bm25_weight: float | None = None
     knn_weight: float | None = None
     rerank_top_n: int | None = None
+    rerank_alpha: float | None = None
+    # Write/refresh the reranker's valid gate file (service/app.py reads it for "auto").
+    gate: bool = False
+    full_split: bool = False  # all queries and the whole corpus of the split (set by the CLI)
+    lang: str = ""
     chunk_chars: int | None = None  # None: the service default
     timeout_s: float = 60.0
     ingest_batch: int = 2000
@@ -88,6 +93,9 @@ class ModeResult:
     degraded: int = 0
     leg_failures: dict[str, int] = dataclasses.field(default_factory=dict)
     wall_s: float = 0.0
+    # hybrid+rerank only: nDCG@10 / MRR re-measured offline for each interpolation alpha
+    # (exact: the same recorded scores re-ordered with the pipeline's own formula).
+    alpha_sweep: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
 
 
 def _say(settings: EvalSettings, msg: str) -> None:
@@ -174,7 +182,7 @@ async def _start(settings: EvalSettings, model: str, judged: Judged) -> _Live:
                          opensearch_index_prefix=f"eval-{uuid.uuid4().hex[:8]}")
     else:
         overrides["opensearch_url"] = ""
-    for name in ("rrf_k", "bm25_weight", "knn_weight", "rerank_top_n", "chunk_chars"):
+    for name in ("rrf_k", "bm25_weight", "knn_weight", "rerank_top_n", "rerank_alpha", "chunk_chars"):
         value = getattr(settings, name)
         if value is not None:
             overrides[name] = value
@@ -292,6 +300,7 @@ async def _run_mode(settings: EvalSettings, live: _Live, judged: Judged, model: 
 
     run: dict[str, list[str]] = {}
     scores: dict[str, list[float]] = {}
+    head_scores: dict[str, list[tuple[float, float]]] = {}  # (fused, rerank) of the reranked head
     rerank_skipped = 0
     latencies: list[float] = []
     outcomes: Counter[str] = Counter()
@@ -306,6 +315,7 @@ async def _run_mode(settings: EvalSettings, live: _Live, judged: Judged, model: 
     for i, (qid, query) in enumerate(judged.queries.items(), start=1):
         ranked: list[str] = []
         score: list[float] = []
+        head: list[tuple[float, float]] = []
         t = time.perf_counter()
         async for ev in live.retrieval.Retrieve(_request(query, mode, settings.top_k), timeout=settings.timeout_s):
             kind = ev.WhichOneof("event")
@@ -315,6 +325,8 @@ async def _run_mode(settings: EvalSettings, live: _Live, judged: Judged, model: 
                 # The leg's own score for single-leg modes (for offline score-fusion studies).
                 score.append(e.bm25_score if mode == "bm25" else e.dense_score if mode == "knn"
                              else e.rerank_score if e.HasField("rerank_score") else e.fused_score)
+                if e.HasField("rerank_score"):
+                    head.append((e.fused_score, e.rerank_score))
             elif kind == "result":
                 outcomes[types_pb2.AttemptOutcome.Name(ev.result.outcome)] += 1
                 degraded += ev.result.degraded
@@ -327,6 +339,7 @@ async def _run_mode(settings: EvalSettings, live: _Live, judged: Judged, model: 
         latencies.append((time.perf_counter() - t) * 1000)
         run[qid] = ranked
         scores[qid] = score
+        head_scores[qid] = head
         progress(i)
     result = ModeResult(
         model=model, mode=mode, status="ok", queries=len(run), metrics=evaluate(run, judged.qrels),
@@ -336,7 +349,32 @@ async def _run_mode(settings: EvalSettings, live: _Live, judged: Judged, model: 
         wall_s=round(time.monotonic() - t0, 1))
     if rerank_skipped:
         result.reason = f"the rerank leg reported SKIPPED on {rerank_skipped} queries (no reranker on the server?)"
+    if mode == "hybrid+rerank" and not rerank_skipped:
+        result.alpha_sweep = alpha_sweep(run, head_scores, judged)
     return result, run, scores
+
+
+ALPHAS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+def alpha_sweep(run: dict[str, list[str]], heads: dict[str, list[tuple[float, float]]], judged: Judged
+                ) -> dict[str, dict[str, float]]:
+    """Re-order each query's reranked head (its first ``len(head)`` results) for every alpha
+    with ``service.pipeline.fusion.interpolate`` and score the runs."""
+    from service.pipeline.fusion import interpolate
+
+    out: dict[str, dict[str, float]] = {}
+    for alpha in ALPHAS:
+        alt: dict[str, list[str]] = {}
+        for qid, ranked in run.items():
+            head = heads.get(qid, [])
+            n = len(head)
+            mixed = interpolate([r for _, r in head], [f for f, _ in head], alpha)
+            order = sorted(range(n), key=lambda i: -mixed[i])
+            alt[qid] = [ranked[i] for i in order] + ranked[n:]
+        m = evaluate(alt, judged.qrels)
+        out[f"{alpha:.1f}"] = {"ndcg@10": round(m["ndcg@10"], 4), "mrr@100": round(m["mrr@100"], 4)}
+    return out
 
 
 def _rerank_skip_reason(settings: EvalSettings, live: _Live) -> str:
@@ -410,8 +448,25 @@ async def evaluate_service(judged: Judged, settings: EvalSettings) -> dict[str, 
         "wall_s": round(time.monotonic() - started, 1),
         **settings.extra_meta,
     }
+    if settings.gate:
+        report["gate"] = _write_gate(settings, results, judged)
     write_report(report, settings.out, plots=settings.plots)
     return report
+
+
+def _write_gate(settings: EvalSettings, results: list[ModeResult], judged: Judged) -> dict[str, Any]:
+    from service.eval.gate import update_gate
+
+    hybrid = [r for r in results if r.mode == "hybrid" and r.status == "ok"]
+    reranked = [r for r in results if r.mode == "hybrid+rerank" and r.status == "ok" and r.alpha_sweep]
+    if not settings.reranker or not hybrid or not reranked or not settings.lang:
+        raise ValueError("--gate needs --reranker DIR, --lang and the modes hybrid,hybrid+rerank")
+    gate = update_gate(Path(settings.reranker).expanduser(), settings.lang, hybrid[0].metrics["ndcg@10"],
+                       reranked[0].alpha_sweep, full_split=settings.full_split, queries=len(judged.queries),
+                       documents=len(judged.corpus), embedder=hybrid[0].model,
+                       command=str(settings.extra_meta.get("command", "")))
+    _say(settings, f"gate: alpha {gate['alpha']}, passed={gate['passed']} {gate['reason']}")
+    return gate
 
 
 # -- report -------------------------------------------------------------------------------
@@ -436,6 +491,11 @@ def markdown_table(results: Sequence[dict[str, Any]]) -> str:
         model = "(any)" if r["mode"] == "bm25" else r["model"]
         lines.append(f"| {model} | {r['mode']} | {m['recall@10']:.4f} | {m['recall@100']:.4f} | {m['mrr@100']:.4f} | "
                      f"{m['ndcg@10']:.4f} | {lat['p50']:.1f} | {lat['p95']:.1f} | {'; '.join(notes)} |")
+    for r in results:
+        if r.get("alpha_sweep"):
+            lines.append("")
+            lines.append(f"hybrid+rerank [{r['model']}] nDCG@10 by interpolation alpha (1.0 = reranker alone): "
+                         + ", ".join(f"{a}: {v['ndcg@10']:.4f}" for a, v in r["alpha_sweep"].items()))
     return "\n".join(lines)
 
 

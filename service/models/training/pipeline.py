@@ -36,3 +36,25 @@ def run_pipeline(*, pack: Path, work: Path, models_dir: Path, name: str, langs: 
     report = export(work, models_dir / name, pack)
     print(f"[train-reranker] final eval: {metrics['final_eval']}", file=sys.stderr)
     return {"metrics": metrics, "export": report}
+
+
+def run_split_pipeline(*, pack: Path, cache: Path, work: Path, models_dir: Path, name: str, langs: str = "en,zh",
+                       minutes: float = 60.0, resume: bool = False, repack: bool = False, seed: int = 0,
+                       extra: list[str] | None = None) -> dict[str, Any]:
+    """The CPU recipe: pack -> lower-layer state cache -> train the split cross-encoder's
+    upper part for ``minutes`` -> export ``NAME-fp32`` / ``NAME-int8`` under ``models_dir``."""
+    from service.models.training.pack import MANIFEST_FILE, build_pack
+    from service.models.training.split import main as split_main
+    from service.models.training.split_export import export
+
+    if repack or not (pack / MANIFEST_FILE).is_file():
+        build_pack(pack, [s for s in langs.split(",") if s], seed=seed)
+    split_main(["cache", "--pack", str(pack), "--cache", str(cache), "--langs", langs])
+    argv = ["train", "--pack", str(pack), "--cache", str(cache), "--out", str(work), "--langs", langs,
+            "--minutes", str(minutes), "--seed", str(seed), *(extra or [])]
+    if resume:
+        argv.append("--resume")
+    split_main(argv)
+    report = export(work, models_dir / name, pack)
+    print(f"[train-reranker] exported: {report}", file=sys.stderr)
+    return {"export": report}

@@ -374,7 +374,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         opt.step()
         step += 1
         train_seconds += time.perf_counter() - t0
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if step % args.log_every == 0:
             rate = step * groups_per_step * args.group / max(train_seconds, 1e-9)
             eta = (1.0 - progress()) * (budget if budget is not None else train_seconds / max(progress(), 1e-9))

@@ -105,8 +105,46 @@ def run_session(session: Any, q: npt.NDArray[np.int64], ps: list[npt.NDArray[np.
     return np.asarray(out, dtype=np.float32).reshape(-1)
 
 
+def fit_platt(logits: npt.NDArray[np.float64], labels: npt.NDArray[np.float64], iters: int = 100) -> tuple[float, float]:
+    """(a, c) minimising the log loss of sigmoid(a * logit + c) against 0/1 labels (Newton)."""
+    x = np.stack([logits, np.ones_like(logits)], axis=1)
+    theta = np.array([1.0, -float(np.mean(logits))])
+    for _ in range(iters):
+        p = 1.0 / (1.0 + np.exp(-(x @ theta)))
+        grad = x.T @ (p - labels)
+        hess = x.T @ (x * (p * (1 - p))[:, None]) + 1e-6 * np.eye(2)
+        step = np.linalg.solve(hess, grad)
+        theta -= step
+        if np.abs(step).max() < 1e-9:
+            break
+    return float(theta[0]), float(theta[1])
+
+
+def calibrate(src: Any, layout: SplitLayout, tensors: dict[str, npt.NDArray[np.float32]], n_upper: int,
+              pairs: list[tuple[str, npt.NDArray[np.int64], list[npt.NDArray[np.int64]], npt.NDArray[np.bool_]]],
+              work: Path) -> dict[str, float]:
+    """Platt-scale the head on packed valid candidates so sigmoid(logit) is a probability of
+    relevance (the attempt's RERANKER_PROBABILITY quality), folded into ``head_w``/``head_b``.
+    The order of candidates does not change."""
+    from service.models._ort import make_session
+
+    path = work / "uncalibrated.onnx"
+    write_graph(src, layout, tensors, n_upper, "fp32", path, "uncalibrated")
+    session = make_session(path, 2)
+    logits = np.concatenate([run_session(session, q, ps, src.vocab.pad_id) for _, q, ps, _ in pairs]).astype(np.float64)
+    labels = np.concatenate([rel.astype(np.float64) for *_, rel in pairs])
+    path.unlink()
+    a, c = fit_platt(logits, labels)
+    tensors["head_w"] = (tensors["head_w"] * a).astype(np.float32)
+    tensors["head_b"] = np.asarray(tensors["head_b"] * a + c, dtype=np.float32)
+    p = 1.0 / (1.0 + np.exp(-(a * logits + c)))
+    return {"a": a, "c": c, "pairs": int(len(labels)), "positives": int(labels.sum()),
+            "mean_p_relevant": round(float(p[labels == 1].mean()), 4), "mean_p_other": round(float(p[labels == 0].mean()), 4)}
+
+
 def export(weights_dir: Path, out: Path, pack_dir: Path, tokenizer_dir: Path | None = None,
-           precisions: tuple[str, ...] = ("fp32", "int8"), parity_questions: int = 4, log: Any = _log) -> dict[str, Any]:
+           precisions: tuple[str, ...] = ("fp32", "int8"), parity_questions: int = 4, calibration_questions: int = 100,
+           log: Any = _log) -> dict[str, Any]:
     import torch
 
     from service.models._ort import make_session
@@ -126,13 +164,20 @@ def export(weights_dir: Path, out: Path, pack_dir: Path, tokenizer_dir: Path | N
     tok_dir = tokenizer_dir or default_model_dir()
     prefixes = _prefix_ids(tok_dir / TOKENIZER_FILE)
 
+    out.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        calibration = calibrate(src, layout, tensors, n_upper,
+                                _valid_pairs(pack_dir, layout, prefixes, calibration_questions, 30), Path(tmp))
+    log(f"calibrated in {time.perf_counter() - t0:.0f}s: {calibration}")
+
     # Torch reference: the trained upper part over ORT fp32 lower states of the same ids.
     model = make_upper(src, layout, n_upper, 0.0, 0.0, 0.0)
     model.load_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()})
     model.eval()
     pairs = _valid_pairs(pack_dir, layout, prefixes, parity_questions, 20)
 
-    report: dict[str, Any] = {"variants": {}}
+    report: dict[str, Any] = {"variants": {}, "calibration": calibration}
     fp32_logits: list[npt.NDArray[np.float32]] = []
     for precision in precisions:
         t0 = time.perf_counter()
@@ -187,6 +232,7 @@ def export(weights_dir: Path, out: Path, pack_dir: Path, tokenizer_dir: Path | N
                 "weights_sha256": sha256_file(weights_dir / WEIGHTS_FILE),
                 "onnx_sha256": sha256_file(work / MODEL_FILE),
                 "parity": check,
+                "calibration": calibration,
                 "builder_version": BUILDER_VERSION,
                 "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             }

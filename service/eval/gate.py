@@ -1,0 +1,48 @@
+"""The reranker's valid gate file (``valid_gate.json`` in its model dir).
+
+``python -m service eval --split valid --lang L --reranker DIR --gate`` records, per
+language, the tuned hybrid's nDCG@10 and the hybrid + rerank nDCG@10 for every
+interpolation alpha (``alpha_sweep``), and whether the run covered the full split. The
+file's ``alpha`` is the one with the best mean over the recorded languages, and each
+language's ``hybrid_rerank`` is its value at that alpha. ``reranker_model = "auto"``
+(service/app.py) reranks only when every gate language beats its hybrid there.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from service.app import GATE_FILE, GATE_LANGUAGES, gate_failure
+from service.models.manifest import read_manifest
+
+
+def update_gate(model_dir: Path, lang: str, hybrid: float, sweep: dict[str, dict[str, float]], *, full_split: bool,
+                queries: int, documents: int, embedder: str, command: str = "") -> dict[str, Any]:
+    sha = str(read_manifest(model_dir, "cross-encoder")["onnx_sha256"])
+    path = model_dir / GATE_FILE
+    try:
+        gate: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        gate = {}
+    if gate.get("onnx_sha256") != sha:
+        gate = {}  # measured on another build: start over
+    langs: dict[str, Any] = gate.get("languages", {})
+    langs[lang] = {"hybrid": round(hybrid, 4), "alpha_sweep": {a: v["ndcg@10"] for a, v in sweep.items()},
+                   "full_split": full_split, "queries": queries, "documents": documents, "embedder": embedder,
+                   "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": command}
+    alphas = sorted(set.intersection(*(set(row["alpha_sweep"]) for row in langs.values())))
+    best = max(alphas, key=lambda a: (statistics.fmean(row["alpha_sweep"][a] for row in langs.values()), -float(a)))
+    for row in langs.values():
+        row["hybrid_rerank"] = row["alpha_sweep"][best]
+        row["gain"] = round(row["hybrid_rerank"] - row["hybrid"], 4)
+    gate = {"onnx_sha256": sha, "split": "valid", "metric": "ndcg@10", "alpha": float(best), "languages": langs,
+            "required_languages": list(GATE_LANGUAGES)}
+    why = gate_failure(gate, sha)
+    gate["passed"] = not why
+    gate["reason"] = why
+    path.write_text(json.dumps(gate, indent=2) + "\n", encoding="utf-8")
+    return gate
