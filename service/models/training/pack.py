@@ -162,6 +162,29 @@ def _sha_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def split_judgements(judgements: tuple[Path, Path], lang: str, valid_questions: int, seed: int) -> tuple[Any, Any]:
+    """A user's JSONL judgements as (train, valid): ``valid_questions`` queries (at most a
+    fifth) held out, seeded. Both keep the whole corpus."""
+    import dataclasses
+
+    from service.eval.datasets import load_jsonl_judgements
+
+    judged = load_jsonl_judgements(judgements[0], judgements[1], lang=lang)
+    if not judged.corpus:
+        raise ValueError("training on your own judgements needs the corpus JSONL too")
+    qids = sorted(judged.queries)
+    if len(qids) < 2:
+        raise ValueError(f"{judgements[0]}: need at least 2 judged queries (train + held-out valid)")
+    held = set(random.Random(f"{seed}-holdout").sample(qids, max(1, min(valid_questions, len(qids) // 5))))
+
+    def part(keep: set[str]) -> Any:
+        return dataclasses.replace(judged, queries={q: t for q, t in judged.queries.items() if q in keep},
+                                   qrels={q: r for q, r in judged.qrels.items() if q in keep},
+                                   negatives={q: n for q, n in judged.negatives.items() if q in keep})
+
+    return part(set(qids) - held), part(held)
+
+
 def build_pack(
     out: Path,
     langs: Sequence[str] = ("en", "zh"),
@@ -179,11 +202,15 @@ def build_pack(
     model_dir: Path | None = None,
     threads: int = 2,
     seed: int = 0,
+    judgements: tuple[Path, Path] | None = None,
     log: Log = _log,
 ) -> dict[str, Any]:
     """Write ``out/{data.npz, backbone.e5s1, manifest.json}``; returns the manifest.
 
-    ``train_questions`` / ``corpus_size`` shrink the pack for tests (None: everything)."""
+    ``train_questions`` / ``corpus_size`` shrink the pack for tests (None: everything).
+    ``judgements`` = (judgements JSONL, corpus JSONL): a user's own data instead of
+    InsuranceQA (``service eval --judgements`` format; ``langs`` must then name one label),
+    with ``valid_questions`` of its queries held out for the valid checks."""
     from tokenizers import Tokenizer
 
     from service.eval.datasets import load_insuranceqa
@@ -201,8 +228,11 @@ def build_pack(
     stats: dict[str, Any] = {}
     for lang in langs:
         t_lang = time.perf_counter()
-        train = load_insuranceqa("train", lang)  # type: ignore[arg-type]
-        valid = load_insuranceqa("valid", lang)  # type: ignore[arg-type]
+        if judgements is None:
+            train = load_insuranceqa("train", lang)  # type: ignore[arg-type]
+            valid = load_insuranceqa("valid", lang)  # type: ignore[arg-type]
+        else:
+            train, valid = split_judgements(judgements, lang, valid_questions, seed)
         rng = random.Random(f"{seed}-{lang}")
         tq_ids = sorted(train.queries)
         if train_questions is not None and train_questions < len(tq_ids):
@@ -342,7 +372,9 @@ def build_pack(
         "langs": list(langs),
         "seed": seed,
         "source": {"package": SOURCE_PACKAGE, "version": SOURCE_VERSION, "file": SOURCE_FILE, "sha256": _sha_file(src_bin),
-                   "data": "insuranceqa-data==1.2 (train for groups, valid sample for checkpoints; test never read)"},
+                   "data": ("insuranceqa-data==1.2 (train for groups, valid sample for checkpoints; test never read)"
+                            if judgements is None else
+                            f"user judgements {judgements[0]} + corpus {judgements[1]} (held-out valid)")},
         "tokenizer": {"path": str(tok_path), "sha256": _sha_file(tok_path), "vocab_kept": int(len(used)), "special_ids": special_ids,
                       "pair_template": "<s> q </s> </s> p </s> (type ids 0), no prefixes"},
         "settings": {"bm25_negatives": bm25_negatives, "dense_negatives": dense_negatives, "shipped_negatives": shipped_negatives,
@@ -383,12 +415,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-dir", type=Path, default=None, help="e5 int8 model dir (tokenizer + dense leg)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--judgements", type=Path, default=None,
+                   help="your own JSONL judgements ({query, positives, negatives}) instead of InsuranceQA")
+    p.add_argument("--corpus", type=Path, default=None, help="the documents JSONL for --judgements")
     a = p.parse_args(argv)
+    if (a.judgements is None) != (a.corpus is None):
+        p.error("--judgements and --corpus go together")
     build_pack(a.out, [s.strip() for s in a.langs.split(",") if s.strip()], train_questions=a.train_questions,
                valid_questions=a.valid_questions, corpus_size=a.corpus_size, bm25_negatives=a.bm25_negatives,
                dense_negatives=a.dense_negatives, shipped_negatives=a.shipped_negatives, candidates=a.candidates,
                max_passage_tokens=a.max_passage_tokens, dense=not a.no_dense, model_dir=a.model_dir,
-               threads=a.threads, seed=a.seed)
+               threads=a.threads, seed=a.seed, judgements=(a.judgements, a.corpus) if a.judgements else None)
     return 0
 
 

@@ -1,0 +1,93 @@
+"""The split reranker's training path on a tiny pack built from a user's own JSONL
+judgements: pack (held-out valid) -> lower-layer cache -> train -> resume -> export ->
+the exported model served by the real runner, ranking like the trainer scored it.
+
+The pack part needs no torch; the rest skips without the ``train`` extra, saying so."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+TORCH_REASON = "torch is not installed (training-only extra: pip install '.[train]')"
+TOPICS = ["life insurance", "car insurance", "home insurance", "health insurance", "travel insurance",
+          "pet insurance", "disability insurance", "renters insurance"]
+
+
+def _write_user_data(tmp: Path) -> tuple[Path, Path]:
+    docs, judgements = [], []
+    for i, topic in enumerate(TOPICS):
+        docs.append({"source_id": f"d{i}", "text": f"{topic.capitalize()} pays out when the insured event happens. "
+                                                   f"Premiums for {topic} depend on your risk profile and coverage."})
+        docs.append({"source_id": f"x{i}", "text": f"Cancelling {topic} early may cost a fee; read the policy terms."})
+        judgements.append({"id": f"q{i}", "query": f"how are {topic} premiums set?", "positives": [f"d{i}"],
+                           "negatives": [f"x{i}"]})
+    corpus, judged = tmp / "corpus.jsonl", tmp / "judgements.jsonl"
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    judged.write_text("".join(json.dumps(j) + "\n" for j in judgements))
+    return judged, corpus
+
+
+def _pack(tmp_path: Path, e5_int8_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    from service.models.training.pack import build_pack
+
+    monkeypatch.setenv("RETRIEVAL_EMBEDDINGS_CACHE", str(tmp_path / "emb-cache"))
+    pack_dir = tmp_path / "pack"
+    build_pack(pack_dir, ("user",), valid_questions=2, bm25_negatives=4, dense_negatives=4, shipped_negatives=1,
+               candidates=8, model_dir=e5_int8_dir, judgements=_write_user_data(tmp_path), log=lambda m: None)
+    return pack_dir
+
+
+def test_pack_from_user_judgements_holds_out_valid(tmp_path: Path, e5_int8_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from service.models.training.data import load_pack
+
+    pack = load_pack(_pack(tmp_path, e5_int8_dir, monkeypatch))
+    d = pack.langs["user"]
+    # 8 judged queries: valid_questions=2 asked, but at most a fifth is held out.
+    assert len(d.train_q) == 7 and len(d.valid_q) == 1 and len(d.docs) == 16
+    assert pack.manifest["stats"]["user"]["valid_questions"] == 1
+    for qi in range(len(d.train_q)):  # a judged positive is never a negative
+        assert len(d.train_pos[qi]) == 1 and not set(d.train_pos[qi].tolist()) & set(d.train_neg[qi].tolist())
+    assert d.valid_rel.any(axis=1).all()  # every held-out question has its answer among the candidates
+
+
+def test_split_cache_train_resume_export_serve(tmp_path: Path, e5_int8_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch", reason=TORCH_REASON)
+    from service.models.onnx_cross_encoder import load_cross_encoder
+    from service.models.training.split import main as split_main
+    from service.models.training.split_export import export
+
+    pack_dir = _pack(tmp_path, e5_int8_dir, monkeypatch)
+    cache, out = tmp_path / "cache", tmp_path / "run"
+    split_main(["cache", "--pack", str(pack_dir), "--cache", str(cache), "--lower", "10"])
+    assert json.loads((cache / "cache.json").read_text())["layout"]["lower"] == 10
+    common = ["train", "--pack", str(pack_dir), "--cache", str(cache), "--out", str(out), "--group", "3",
+              "--batch-groups", "2", "--eval-questions", "2", "--final-eval-questions", "2", "--eval-depth", "8",
+              "--log-every", "1", "--fp32", "--threads", "1"]
+    split_main(common + ["--epochs", "1"])  # 7 train questions // 2 per step = 3 steps
+    first = json.loads((out / "split-weights.json").read_text())
+    assert first["steps"] == 3
+    split_main(common + ["--epochs", "2", "--resume"])
+    second = json.loads((out / "split-weights.json").read_text())
+    assert second["steps"] == 6  # continued from the checkpoint, not from scratch
+    final = second["final_eval"]["user"]
+    assert set(final["interp"]) >= {"0.0", "0.5", "1.0"} and 0.0 <= final["first_stage"] <= 1.0
+    events = [json.loads(x)["event"] for x in (out / "log.jsonl").read_text().splitlines()]
+    assert events.count("final_eval") == 2 and "progress" in events
+
+    report = export(out, tmp_path / "models" / "tiny-split", pack_dir, e5_int8_dir, parity_questions=2,
+                    calibration_questions=2, log=lambda m: None)
+    assert report["variants"]["fp32"]["max_abs_diff_vs_torch"] < 1e-3
+    assert report["calibration"]["pairs"] == 8  # 1 held-out question x 8 candidates
+    for precision in ("fp32", "int8"):
+        model_dir = tmp_path / "models" / f"tiny-split-{precision}"
+        manifest = json.loads((model_dir / "manifest.json").read_text())
+        assert manifest["architecture"] == "split" and manifest["lower_layers"] == 10
+        runner = load_cross_encoder(model_dir, threads=1)
+        pairs = [("how are pet insurance premiums set?", "Premiums for pet insurance depend on your risk profile."),
+                 ("how are pet insurance premiums set?", "Cancelling car insurance early may cost a fee.")]
+        scores = runner.infer(runner.tokenize(pairs))
+        assert scores.shape == (2,) and np.isfinite(scores).all()
