@@ -207,12 +207,14 @@ def make_upper(src: Any, layout: SplitLayout, n_upper: int, dropout: float, cros
 
     model = Upper()
     with torch.no_grad():
+        layer: Any
         for layer, lw in zip(model.layers, src.weights.layers[layout.lower : layout.lower + n_upper]):
             for name, (wt, bs) in _linears(lw).items():
                 lin = getattr(layer, name)
                 lin.weight.copy_(torch.from_numpy(np.ascontiguousarray(wt.T, dtype=np.float32)))
                 lin.bias.copy_(torch.from_numpy(np.asarray(bs, dtype=np.float32)))
-            for ln, (w_, b_) in ((layer.aln, (lw.aln_w, lw.aln_b)), (layer.oln, (lw.oln_w, lw.oln_b))):
+            norms: list[tuple[Any, tuple[Any, Any]]] = [(layer.aln, (lw.aln_w, lw.aln_b)), (layer.oln, (lw.oln_w, lw.oln_b))]
+            for ln, (w_, b_) in norms:
                 ln.weight.copy_(torch.from_numpy(np.asarray(w_, np.float32)))
                 ln.bias.copy_(torch.from_numpy(np.asarray(b_, np.float32)))
     return model
@@ -369,7 +371,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         logits = forward_pairs(model, qs, ps, args.micro, not args.fp32).view(len(batch), args.group)
         loss = torch.nn.functional.cross_entropy(logits, torch.zeros(len(batch), dtype=torch.long))
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
