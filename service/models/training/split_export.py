@@ -106,18 +106,25 @@ def run_session(session: Any, q: npt.NDArray[np.int64], ps: list[npt.NDArray[np.
 
 
 def fit_platt(logits: npt.NDArray[np.float64], labels: npt.NDArray[np.float64], iters: int = 100) -> tuple[float, float]:
-    """(a, c) minimising the log loss of sigmoid(a * logit + c) against 0/1 labels (Newton)."""
-    x = np.stack([logits, np.ones_like(logits)], axis=1)
-    theta = np.array([1.0, -float(np.mean(logits))])
+    """(a, c) minimising the log loss of sigmoid(a * logit + c) against 0/1 labels: Newton on
+    standardised logits from the base rate (raw logits saturate the sigmoid and diverge)."""
+    mean, std = float(np.mean(logits)), float(np.std(logits)) or 1.0
+    z = (logits - mean) / std
+    x = np.stack([z, np.ones_like(z)], axis=1)
+    rate = float(np.clip(labels.mean(), 1e-6, 1 - 1e-6))
+    theta = np.array([0.0, np.log(rate / (1 - rate))])
     for _ in range(iters):
-        p = 1.0 / (1.0 + np.exp(-(x @ theta)))
+        p = 1.0 / (1.0 + np.exp(-np.clip(x @ theta, -50, 50)))
         grad = x.T @ (p - labels)
         hess = x.T @ (x * (p * (1 - p))[:, None]) + 1e-6 * np.eye(2)
         step = np.linalg.solve(hess, grad)
-        theta -= step
+        theta -= np.clip(step, -5.0, 5.0)
         if np.abs(step).max() < 1e-9:
             break
-    return float(theta[0]), float(theta[1])
+    a_z, c_z = float(theta[0]), float(theta[1])
+    if not (np.isfinite(a_z) and np.isfinite(c_z)) or a_z <= 0:
+        raise RuntimeError(f"calibration failed (a={a_z}, c={c_z}): the logits do not rank positives higher")
+    return a_z / std, c_z - a_z * mean / std
 
 
 def calibrate(src: Any, layout: SplitLayout, tensors: dict[str, npt.NDArray[np.float32]], n_upper: int,
@@ -137,7 +144,7 @@ def calibrate(src: Any, layout: SplitLayout, tensors: dict[str, npt.NDArray[np.f
     a, c = fit_platt(logits, labels)
     tensors["head_w"] = (tensors["head_w"] * a).astype(np.float32)
     tensors["head_b"] = np.asarray(tensors["head_b"] * a + c, dtype=np.float32)
-    p = 1.0 / (1.0 + np.exp(-(a * logits + c)))
+    p = 1.0 / (1.0 + np.exp(-np.clip(a * logits + c, -50, 50)))
     return {"a": a, "c": c, "pairs": int(len(labels)), "positives": int(labels.sum()),
             "mean_p_relevant": round(float(p[labels == 1].mean()), 4), "mean_p_other": round(float(p[labels == 0].mean()), 4)}
 

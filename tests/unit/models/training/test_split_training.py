@@ -91,3 +91,18 @@ def test_split_cache_train_resume_export_serve(tmp_path: Path, e5_int8_dir: Path
                  ("how are pet insurance premiums set?", "Cancelling car insurance early may cost a fee.")]
         scores = runner.infer(runner.tokenize(pairs))
         assert scores.shape == (2,) and np.isfinite(scores).all()
+
+
+def test_platt_fit_on_saturated_logits() -> None:
+    """Raw reranker logits sit far from 0 (20 x cosine): the fit must not diverge there."""
+    from service.models.training.split_export import fit_platt
+
+    rng = np.random.default_rng(0)
+    labels = (rng.random(6000) < 0.03).astype(np.float64)
+    logits = 20.0 + 3.0 * labels + rng.normal(0.0, 1.0, 6000)  # class-conditional N(20|23, 1)
+    a, c = fit_platt(logits, labels)
+    assert 2.5 < a < 3.5  # the logistic slope of two unit-variance Gaussians 3 apart is 3
+    p = 1.0 / (1.0 + np.exp(-(a * logits + c)))
+    assert abs(p.mean() - labels.mean()) < 1e-3  # calibrated in the mean
+    with pytest.raises(RuntimeError):
+        fit_platt(-logits, labels)  # a model that ranks positives lower is refused
