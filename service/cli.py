@@ -218,7 +218,7 @@ def cmd_train_reranker(args: argparse.Namespace) -> int:
         from service.models.training.pipeline import run_split_pipeline
 
         run_split_pipeline(pack=Path(args.pack), cache=Path(args.cache), work=Path(args.work), models_dir=models_dir,
-                           name=args.name or "e5-small-split-reranker", langs=args.langs, minutes=args.minutes or 60.0,
+                           name=args.name or "e5-small-split-reranker", langs=args.langs, minutes=args.minutes or 65.0,
                            resume=args.resume, repack=args.repack)
         return 0
     run_pipeline(pack=Path(args.pack), work=Path(args.work), models_dir=models_dir,

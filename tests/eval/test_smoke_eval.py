@@ -89,8 +89,11 @@ async def test_each_stage_earns_its_place(judged, tmp_path: Path) -> None:  # ty
 # (the reranker trained on train), corpus = judged answers + 10 shipped negatives each +
 # random answers up to 1,000 documents.
 RERANK_QUESTIONS = 40
-RERANK_MEASURED: dict[str, dict[str, float]] = {}  # filled in below from the measured run
-RERANK_MARGIN = 0.0  # hybrid + rerank may not fall below hybrid
+# Measured with e5-small-split-reranker-int8 (gate alpha 0.7), nDCG@10:
+RERANK_MEASURED = {"en": {"hybrid": 0.6440, "hybrid+rerank": 0.7122},
+                   "zh": {"hybrid": 0.5581, "hybrid+rerank": 0.6208}}
+# Rerank must add at least this over hybrid (measured +0.068 en, +0.063 zh).
+RERANK_MARGIN = 0.02
 
 
 def _gated_reranker() -> tuple[Path, float]:
@@ -117,6 +120,7 @@ async def test_rerank_earns_its_place(lang: str, tmp_path: Path) -> None:
     rows = {r["mode"]: r for r in report["results"]}
     ndcg = {m: rows[m]["metrics"]["ndcg@10"] for m in ("hybrid", "hybrid+rerank")}
     detail = f"{lang} nDCG@10 {ndcg}; measured {RERANK_MEASURED.get(lang)}"
+    print(detail)
     assert rows["hybrid+rerank"]["outcomes"] == {"ATTEMPT_OUTCOME_EVIDENCE_FOUND": RERANK_QUESTIONS}, detail
     assert not rows["hybrid+rerank"]["degraded"] and not rows["hybrid+rerank"]["leg_failures"], detail
     assert ndcg["hybrid+rerank"] >= ndcg["hybrid"] + RERANK_MARGIN, detail

@@ -39,7 +39,7 @@ def run_pipeline(*, pack: Path, work: Path, models_dir: Path, name: str, langs: 
 
 
 def run_split_pipeline(*, pack: Path, cache: Path, work: Path, models_dir: Path, name: str, langs: str = "en,zh",
-                       minutes: float = 60.0, resume: bool = False, repack: bool = False, seed: int = 0,
+                       minutes: float = 65.0, resume: bool = False, repack: bool = False, seed: int = 0,
                        extra: list[str] | None = None) -> dict[str, Any]:
     """The CPU recipe: pack -> lower-layer state cache -> train the split cross-encoder's
     upper part for ``minutes`` -> export ``NAME-fp32`` / ``NAME-int8`` under ``models_dir``."""
