@@ -11,6 +11,7 @@ import zlib
 import numpy as np
 import numpy.typing as npt
 
+from service.models._ort import pad_rows
 from service.models.base import CrossEncoderBackend, EmbeddingBackend, Encoded, FloatArray, ModelInfo, TextKind
 
 _CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
@@ -31,13 +32,7 @@ def _hash(feature: str) -> int:
 
 
 def _pad(rows: list[list[int]]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    width = max((len(r) for r in rows), default=0)
-    ids = np.full((len(rows), width), _PAD, dtype=np.int64)
-    mask = np.zeros((len(rows), width), dtype=np.int64)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = r
-        mask[i, : len(r)] = 1
-    return ids, mask
+    return pad_rows(rows, _PAD)
 
 
 class HashEmbedder(EmbeddingBackend):

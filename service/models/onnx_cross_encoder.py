@@ -13,9 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import numpy.typing as npt
 
-from service.models._ort import load_tokenizer, make_session, pad_batch
+from service.models._ort import load_tokenizer, make_session, pad_batch, pad_rows
 from service.models.base import CrossEncoderBackend, Encoded, FloatArray, ModelInfo
 from service.models.manifest import MODEL_FILE, TOKENIZER_FILE, read_manifest
 
@@ -74,8 +73,8 @@ class OnnxCrossEncoder(CrossEncoderBackend):
         p_ids = [self._assemble(e.ids, self._passage_prefix, self._passage_max)
                  for e in tok.encode_batch([p for _, p in pairs], add_special_tokens=False)]
         q_rows = [q_ids[q] for q, _ in pairs]
-        pid, pmask = _pad(p_ids, self._pad_id)
-        qid, qmask = _pad(q_rows, self._pad_id)
+        pid, pmask = pad_rows(p_ids, self._pad_id)
+        qid, qmask = pad_rows(q_rows, self._pad_id)
         return Encoded(input_ids=pid, attention_mask=pmask, extra={"query_ids": qid, "query_mask": qmask})
 
     def tokenize(self, pairs: list[tuple[str, str]]) -> Encoded:
@@ -105,16 +104,6 @@ class OnnxCrossEncoder(CrossEncoderBackend):
             feeds["token_type_ids"] = encoded.token_type_ids
         out = self._session.run([self._output], feeds)[0]
         return np.asarray(out, dtype=np.float32).reshape(encoded.batch_size)
-
-
-def _pad(rows: list[list[int]], pad_id: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    width = max((len(r) for r in rows), default=0)
-    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
-    mask = np.zeros((len(rows), width), dtype=np.int64)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = r
-        mask[i, : len(r)] = 1
-    return ids, mask
 
 
 def load_cross_encoder(model_dir: Path, threads: int = 1, max_length: int | None = None) -> OnnxCrossEncoder:
