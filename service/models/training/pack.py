@@ -23,7 +23,6 @@ reuses cached passage vectors and computes only what is missing.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import random
 import sys
@@ -34,6 +33,8 @@ from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
+
+from service.models.manifest import sha256_file
 
 PACK_VERSION = 1
 DATA_FILE = "data.npz"
@@ -152,14 +153,6 @@ def _token_id(tok: Any, token: str) -> int:
     if tid is None:
         raise ValueError(f"tokenizer has no {token!r}")
     return int(tid)
-
-
-def _sha_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def split_judgements(judgements: tuple[Path, Path], lang: str, valid_questions: int, seed: int) -> tuple[Any, Any]:
@@ -365,17 +358,17 @@ def build_pack(
     backbone_sha = write_raw(select_rows(raw, used), out / BACKBONE_FILE)
     np.savez_compressed(out / DATA_FILE, **cast(dict[str, Any], arrays))
     special_ids = {name: int(np.searchsorted(used, _token_id(tok, name))) for name in ("<s>", "<pad>", "</s>", "<unk>")}
-    files: dict[str, dict[str, Any]] = {p.name: {"bytes": p.stat().st_size, "sha256": _sha_file(p)} for p in (out / DATA_FILE, out / BACKBONE_FILE)}
+    files: dict[str, dict[str, Any]] = {p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in (out / DATA_FILE, out / BACKBONE_FILE)}
     manifest: dict[str, Any] = {
         "pack_version": PACK_VERSION,
         "kind": "cross-encoder-train-pack",
         "langs": list(langs),
         "seed": seed,
-        "source": {"package": SOURCE_PACKAGE, "version": SOURCE_VERSION, "file": SOURCE_FILE, "sha256": _sha_file(src_bin),
+        "source": {"package": SOURCE_PACKAGE, "version": SOURCE_VERSION, "file": SOURCE_FILE, "sha256": sha256_file(src_bin),
                    "data": ("insuranceqa-data==1.2 (train for groups, valid sample for checkpoints; test never read)"
                             if judgements is None else
                             f"user judgements {judgements[0]} + corpus {judgements[1]} (held-out valid)")},
-        "tokenizer": {"path": str(tok_path), "sha256": _sha_file(tok_path), "vocab_kept": int(len(used)), "special_ids": special_ids,
+        "tokenizer": {"path": str(tok_path), "sha256": sha256_file(tok_path), "vocab_kept": int(len(used)), "special_ids": special_ids,
                       "pair_template": "<s> q </s> </s> p </s> (type ids 0), no prefixes"},
         "settings": {"bm25_negatives": bm25_negatives, "dense_negatives": dense_negatives, "shipped_negatives": shipped_negatives,
                      "candidates": candidates, "rrf_k": RRF_K, "max_query_tokens": max_query_tokens,
