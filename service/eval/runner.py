@@ -354,17 +354,14 @@ async def _run_mode(settings: EvalSettings, live: _Live, judged: Judged, model: 
     return result, run, scores
 
 
-ALPHAS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
-
-
 def alpha_sweep(run: dict[str, list[str]], heads: dict[str, list[tuple[float, float]]], judged: Judged
                 ) -> dict[str, dict[str, float]]:
     """Re-order each query's reranked head (its first ``len(head)`` results) for every alpha
     with ``service.pipeline.fusion.interpolate`` and score the runs."""
-    from service.pipeline.fusion import interpolate
+    from service.pipeline.fusion import INTERPOLATION_ALPHAS, interpolate
 
     out: dict[str, dict[str, float]] = {}
-    for alpha in ALPHAS:
+    for alpha in INTERPOLATION_ALPHAS:
         alt: dict[str, list[str]] = {}
         for qid, ranked in run.items():
             head = heads.get(qid, [])

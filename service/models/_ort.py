@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,7 @@ def pad_batch(encodings: list[Encoding], pad_id: int) -> tuple[IntArray, IntArra
     return ids, mask, types
 
 
-def pad_rows(rows: list[list[int]], pad_id: int) -> tuple[IntArray, IntArray]:
+def pad_rows(rows: Sequence[Sequence[int] | IntArray], pad_id: int) -> tuple[IntArray, IntArray]:
     """Token id rows as int64 [n, longest] ids and attention mask."""
     width = max((len(r) for r in rows), default=0)
     ids = np.full((len(rows), width), pad_id, dtype=np.int64)

@@ -326,7 +326,7 @@ class AttemptRunner:
 
         # 4. Rerank (falls back to the fused order on timeout/failure, and says so).
         max_fused = self._max_fused(runs, fusion)
-        reranked = await self._rerank(req, ranked, deadline, result, max_fused)
+        reranked = await self._rerank(req, ranked, deadline, result)
 
         # 5. Quality, gate, relevance, budget.
         sources = [assign_quality(c, reranked=reranked, max_fused=max_fused) for c in ranked]
@@ -394,8 +394,7 @@ class AttemptRunner:
         result.legs.append(LegReport(LegKind.RERANK, status, 0.0, 0, detail))
 
     async def _rerank(
-        self, req: AttemptRequest, ranked: list[Candidate], deadline: float,
-        result: AttemptResultOut, max_fused: float,
+        self, req: AttemptRequest, ranked: list[Candidate], deadline: float, result: AttemptResultOut,
     ) -> bool:
         if req.rerank is False or self.runtime.reranker is None:
             self._add_rerank_report(result, LegStatus.SKIPPED, "", req)

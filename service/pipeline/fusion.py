@@ -71,6 +71,10 @@ def max_rrf_score(weights: list[float], k: int) -> float:
     return sum(w / (k + 1) for w in weights)
 
 
+# The alphas the trainer and `service eval` measure the interpolation at.
+INTERPOLATION_ALPHAS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
 def minmax(values: Sequence[float]) -> list[float]:
     """Scale to [0, 1]; all zeros when every value is the same."""
     if not values:

@@ -33,8 +33,8 @@ import numpy as np
 import numpy.typing as npt
 
 from service.models.training.data import Pack, Ragged, load_pack, ndcg10_from_order
-
-ALPHAS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+from service.pipeline.fusion import INTERPOLATION_ALPHAS as ALPHAS
+from service.pipeline.fusion import interpolate
 QUERY_PREFIX = "query:"
 PASSAGE_PREFIX = "passage:"
 CACHE_VERSION = 1
@@ -99,6 +99,8 @@ def lower_session(src: Any, n_lower: int, threads: int) -> Any:
 def encode_states(session: Any, seqs: list[npt.NDArray[np.int64]], pad_id: int, batch: int = 64,
                   label: str = "") -> tuple[npt.NDArray[np.float16], npt.NDArray[np.int64]]:
     """Ragged fp16 states: flat [total_tokens, hidden] and offsets [n + 1]."""
+    from service.models._ort import pad_rows  # onnxruntime: only the cache step needs it
+
     lens = np.array([len(s) for s in seqs], dtype=np.int64)
     off = np.zeros(len(seqs) + 1, dtype=np.int64)
     off[1:] = np.cumsum(lens)
@@ -107,12 +109,7 @@ def encode_states(session: Any, seqs: list[npt.NDArray[np.int64]], pad_id: int, 
     t0 = time.perf_counter()
     for n, start in enumerate(range(0, len(order), batch)):
         idx = order[start : start + batch]
-        width = int(lens[idx].max())
-        ids = np.full((len(idx), width), pad_id, dtype=np.int64)
-        mask = np.zeros((len(idx), width), dtype=np.int64)
-        for r, i in enumerate(idx):
-            ids[r, : lens[i]] = seqs[i]
-            mask[r, : lens[i]] = 1
+        ids, mask = pad_rows([seqs[i] for i in idx], pad_id)
         out = session.run(None, {"input_ids": ids, "attention_mask": mask})[0]
         if flat is None:
             flat = np.zeros((int(off[-1]), out.shape[-1]), dtype=np.float16)
@@ -258,12 +255,6 @@ def score_pairs(model: Any, states: LangStates, q_rag: Ragged, pairs: list[tuple
     return np.asarray(logits.numpy(), dtype=np.float32)
 
 
-def _minmax(x: npt.NDArray[Any]) -> npt.NDArray[np.float64]:
-    x = x.astype(np.float64)
-    span = x.max() - x.min()
-    return (x - x.min()) / span if span > 0 else np.zeros_like(x)
-
-
 def evaluate(model: Any, pack: Pack, states: dict[str, LangStates], questions: int, depth: int) -> dict[str, Any]:
     """nDCG@10 over the first ``questions`` valid questions, reranking their top ``depth``."""
     model.eval()
@@ -279,10 +270,9 @@ def evaluate(model: Any, pack: Pack, states: dict[str, LangStates], questions: i
             nrel = int(d.valid_nrel[qi])
             fs = d.valid_cand_score[qi, :depth]
             base.append(ndcg10_from_order(rel, nrel))
-            a_ = _minmax(logits[qi])
-            b_ = _minmax(fs)
             for alpha in ALPHAS:
-                order = np.argsort(-(alpha * a_ + (1 - alpha) * b_), kind="stable")
+                mixed = np.asarray(interpolate(logits[qi].tolist(), fs.tolist(), alpha))
+                order = np.argsort(-mixed, kind="stable")
                 first[alpha].append(ndcg10_from_order(rel[order], nrel))
         res[lang] = {"first_stage": round(float(np.mean(base)), 4),
                      "interp": {str(a): round(float(np.mean(v)), 4) for a, v in first.items()}}

@@ -94,12 +94,9 @@ def _valid_pairs(pack_dir: Path, layout: SplitLayout, prefixes: tuple[list[int],
 
 
 def run_session(session: Any, q: npt.NDArray[np.int64], ps: list[npt.NDArray[np.int64]], pad_id: int) -> npt.NDArray[np.float32]:
-    width = max(len(p) for p in ps)
-    pid = np.full((len(ps), width), pad_id, dtype=np.int64)
-    pm = np.zeros_like(pid)
-    for i, p in enumerate(ps):
-        pid[i, : len(p)] = p
-        pm[i, : len(p)] = 1
+    from service.models._ort import pad_rows
+
+    pid, pm = pad_rows(ps, pad_id)
     qid = np.repeat(q[None], len(ps), axis=0)
     out = session.run(None, {"query_ids": qid, "query_mask": np.ones_like(qid), "passage_ids": pid, "passage_mask": pm})[0]
     return np.asarray(out, dtype=np.float32).reshape(-1)

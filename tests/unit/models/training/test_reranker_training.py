@@ -47,6 +47,7 @@ def test_compact_backbone_roundtrips_through_q4bin(tmp_path: Path) -> None:
 def test_training_path_imports_stay_light() -> None:
     pytest.importorskip("torch", reason=TORCH_REASON)
     code = ("import sys, service.models.training.train, service.models.training.model, service.models.training.data\n"
+            "import service.models.training.split\n"
             "bad = [m for m in sys.modules if m.startswith(('grpc', 'onnxruntime', 'service.eval'))]\n"
             "assert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[4])
