@@ -215,12 +215,10 @@ async def model_passage_rate(embedder: EmbeddingBackend, texts: list[str]) -> fl
 
 
 async def main(args: argparse.Namespace) -> int:
-    from tests.support.opensearch import _probe
+    from tests.support.opensearch import bench_node_or_none
 
-    url = args.opensearch_url.rstrip("/")
-    problem = _probe(url)
-    if problem:
-        print(f"no OpenSearch: {problem}; start one with deploy/opensearch/opensearch.sh start", file=sys.stderr)
+    url = bench_node_or_none(args.opensearch_url)
+    if url is None:
         return 2
     started = time.perf_counter()
     base = Config()

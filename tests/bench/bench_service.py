@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import dataclasses
 import random
-import statistics
 import sys
 import tempfile
 import time

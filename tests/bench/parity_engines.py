@@ -700,12 +700,10 @@ def print_tables(results: list[dict[str, Any]]) -> None:
 
 
 async def main(args: argparse.Namespace) -> int:
-    from tests.support.opensearch import _probe
+    from tests.support.opensearch import bench_node_or_none
 
-    url = args.opensearch_url.rstrip("/")
-    problem = _probe(url)
-    if problem:
-        print(f"no OpenSearch: {problem}; start one with deploy/opensearch/opensearch.sh start", file=sys.stderr)
+    url = bench_node_or_none(args.opensearch_url)
+    if url is None:
         return 2
     started = time.perf_counter()
     cache = VectorCache(load_e5(threads=1))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -57,6 +58,16 @@ def _probe(url: str) -> str | None:
     if body.get("status") not in ("green", "yellow"):
         return f"{url} cluster health is {body.get('status')}"
     return None
+
+
+def bench_node_or_none(url: str) -> str | None:
+    """For the bench scripts: ``url`` without a trailing slash when it is a usable node,
+    else None after saying why on stderr (the script then exits 2)."""
+    problem = _probe(url)
+    if problem:
+        print(f"no OpenSearch: {problem}; start one with deploy/opensearch/opensearch.sh start", file=sys.stderr)
+        return None
+    return url.rstrip("/")
 
 
 def opensearch_url_or_skip() -> str:
