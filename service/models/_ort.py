@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,13 +52,3 @@ def pad_batch(encodings: list[Encoding], pad_id: int) -> tuple[IntArray, IntArra
         types[i, :n] = e.type_ids
     return ids, mask, types
 
-
-def pad_rows(rows: Sequence[Sequence[int] | IntArray], pad_id: int) -> tuple[IntArray, IntArray]:
-    """Token id rows as int64 [n, longest] ids and attention mask."""
-    width = max((len(r) for r in rows), default=0)
-    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
-    mask = np.zeros((len(rows), width), dtype=np.int64)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = r
-        mask[i, : len(r)] = 1
-    return ids, mask

@@ -6,6 +6,7 @@ executor pool (``service.models.runtime``), never on the event loop.
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -14,6 +15,20 @@ import numpy.typing as npt
 
 TextKind = Literal["query", "passage"]
 FloatArray = npt.NDArray[np.float32]
+
+
+def pad_rows(rows: Sequence[Sequence[int] | npt.NDArray[np.int64]], pad_id: int,
+             multiple: int = 1) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Token id rows as int64 [n, width] ids and attention mask; width = the longest row,
+    rounded up to ``multiple``. Numpy only: the training path uses it too."""
+    width = max((len(r) for r in rows), default=0)
+    width += -width % multiple
+    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(rows), width), dtype=np.int64)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = r
+        mask[i, : len(r)] = 1
+    return ids, mask
 
 
 @dataclass

@@ -11,8 +11,7 @@ import zlib
 import numpy as np
 import numpy.typing as npt
 
-from service.models._ort import pad_rows
-from service.models.base import CrossEncoderBackend, EmbeddingBackend, Encoded, FloatArray, ModelInfo, TextKind
+from service.models.base import CrossEncoderBackend, EmbeddingBackend, Encoded, FloatArray, ModelInfo, TextKind, pad_rows
 
 _CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _HAN = re.compile(f"[{_CJK}]")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from service.models._ort import load_tokenizer, make_session, pad_batch, pad_rows
-from service.models.base import CrossEncoderBackend, Encoded, FloatArray, ModelInfo
+from service.models._ort import load_tokenizer, make_session, pad_batch
+from service.models.base import CrossEncoderBackend, Encoded, FloatArray, ModelInfo, pad_rows
 from service.models.manifest import MODEL_FILE, TOKENIZER_FILE, read_manifest
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from service.models.base import pad_rows
 from service.models.training.pack import DATA_FILE, MANIFEST_FILE
 
 U16 = npt.NDArray[np.uint16]
@@ -112,14 +113,7 @@ def pair_len(q_len: int, p_len: int, max_len: int) -> int:
 
 def pad(seqs: list[I64], pad_id: int, multiple: int = 8) -> tuple[I64, I64]:
     """[n, width] ids and attention mask (width rounded up to ``multiple``)."""
-    width = max(len(s) for s in seqs)
-    width += -width % multiple
-    ids = np.full((len(seqs), width), pad_id, dtype=np.int64)
-    mask = np.zeros((len(seqs), width), dtype=np.int64)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = s
-        mask[i, : len(s)] = 1
-    return ids, mask
+    return pad_rows(seqs, pad_id, multiple)
 
 
 @dataclass

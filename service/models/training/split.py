@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from service.models.base import pad_rows
 from service.models.training.data import Pack, Ragged, load_pack, ndcg10_from_order
 from service.pipeline.fusion import INTERPOLATION_ALPHAS as ALPHAS
 from service.pipeline.fusion import interpolate
@@ -99,8 +100,6 @@ def lower_session(src: Any, n_lower: int, threads: int) -> Any:
 def encode_states(session: Any, seqs: list[npt.NDArray[np.int64]], pad_id: int, batch: int = 64,
                   label: str = "") -> tuple[npt.NDArray[np.float16], npt.NDArray[np.int64]]:
     """Ragged fp16 states: flat [total_tokens, hidden] and offsets [n + 1]."""
-    from service.models._ort import pad_rows  # onnxruntime: only the cache step needs it
-
     lens = np.array([len(s) for s in seqs], dtype=np.int64)
     off = np.zeros(len(seqs) + 1, dtype=np.int64)
     off[1:] = np.cumsum(lens)

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from service.models.base import pad_rows
 from service.models.builder.q4bin import BertWeights, LayerWeights
 from service.models.training.split import (
     PASSAGE_PREFIX,
@@ -94,8 +95,6 @@ def _valid_pairs(pack_dir: Path, layout: SplitLayout, prefixes: tuple[list[int],
 
 
 def run_session(session: Any, q: npt.NDArray[np.int64], ps: list[npt.NDArray[np.int64]], pad_id: int) -> npt.NDArray[np.float32]:
-    from service.models._ort import pad_rows
-
     pid, pm = pad_rows(ps, pad_id)
     qid = np.repeat(q[None], len(ps), axis=0)
     out = session.run(None, {"query_ids": qid, "query_mask": np.ones_like(qid), "passage_ids": pid, "passage_mask": pm})[0]
