@@ -49,6 +49,11 @@ def add_eval_parser(sub: Any) -> None:
                    help="override the server's child chunk size (an ingest experiment; default: the service's)")
     e.add_argument("--top-k", type=int, default=100)
     e.add_argument("--timeout", type=float, default=60.0, help="per-request deadline, seconds")
+    e.add_argument("--concurrency", type=int, default=1,
+                   help="queries in flight (1: sequential, latency = single-query latency)")
+    e.add_argument("--calibration-sample", type=int, default=0,
+                   help="also run N train questions on the same server and save their item signals "
+                        "for quality calibration (python -m service.eval.calibration fit)")
     e.add_argument("--out", default="eval-out")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--no-plots", action="store_true")
@@ -74,13 +79,22 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return 2
     judged = judged.sample(args.sample, args.seed).sample_corpus(
         args.corpus_sample, args.seed, keep_negatives=args.keep_negatives)
+    calibration = None
+    if args.calibration_sample:
+        if args.judgements or args.corpus_sample is not None:
+            print("error: --calibration-sample needs InsuranceQA on its full corpus", file=sys.stderr)
+            return 2
+        # Train questions over the same corpus (InsuranceQA's splits share one answer pool).
+        calibration = load_insuranceqa("train", args.lang).sample(args.calibration_sample, args.seed)
     settings = EvalSettings(
         out=Path(args.out), modes=args.modes, models=args.models, reranker=args.reranker,
         engine=args.engine, opensearch_url=args.opensearch_url, target=args.target, top_k=args.top_k,
         rrf_k=args.rrf_k, bm25_weight=args.bm25_weight, knn_weight=args.knn_weight,
         rerank_top_n=args.rerank_top_n, rerank_alpha=args.rerank_alpha, gate=args.gate, lang=args.lang,
         full_split=(args.split == "valid" and not args.judgements and args.sample is None and args.corpus_sample is None),
-        chunk_chars=args.chunk_chars, timeout_s=args.timeout, plots=not args.no_plots, quiet=args.quiet,
+        full_corpus=(args.split == "valid" and not args.judgements and args.corpus_sample is None),
+        chunk_chars=args.chunk_chars, timeout_s=args.timeout, concurrency=args.concurrency,
+        plots=not args.no_plots, quiet=args.quiet, calibration=calibration,
         extra_meta={"command": " ".join(["python -m service", *sys.argv[1:]]), "seed": args.seed},
     )
     report = asyncio.run(evaluate_service(judged, settings))

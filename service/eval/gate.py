@@ -21,6 +21,7 @@ from service.models.manifest import read_manifest
 
 
 def update_gate(model_dir: Path, lang: str, hybrid: float, sweep: dict[str, dict[str, float]], *, full_split: bool,
+                full_corpus: bool = False,
                 queries: int, documents: int, embedder: str, command: str = "") -> dict[str, Any]:
     sha = str(read_manifest(model_dir, "cross-encoder")["onnx_sha256"])
     path = model_dir / GATE_FILE
@@ -32,7 +33,7 @@ def update_gate(model_dir: Path, lang: str, hybrid: float, sweep: dict[str, dict
         gate = {}  # measured on another build: start over
     langs: dict[str, Any] = gate.get("languages", {})
     langs[lang] = {"hybrid": round(hybrid, 4), "alpha_sweep": {a: v["ndcg@10"] for a, v in sweep.items()},
-                   "full_split": full_split, "queries": queries, "documents": documents, "embedder": embedder,
+                   "full_split": full_split, "full_corpus": full_corpus or full_split, "queries": queries, "documents": documents, "embedder": embedder,
                    "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": command}
     alphas = sorted(set.intersection(*(set(row["alpha_sweep"]) for row in langs.values())))
     best = max(alphas, key=lambda a: (statistics.fmean(row["alpha_sweep"][a] for row in langs.values()), -float(a)))

@@ -49,6 +49,10 @@ TOP_K = 100
 # Requests ask for everything: no context budget cut (the default 6000 chars would return
 # only a handful of answers).
 NO_BUDGET = 50_000_000
+# ... and no quality gate (0 would mean the server's default min_quality).
+NO_QUALITY_GATE = 1e-12
+# Items per query kept for quality calibration (service/eval/calibration.py).
+CALIBRATION_ITEMS = 20
 
 
 @dataclasses.dataclass
@@ -70,14 +74,21 @@ class EvalSettings:
     # Write/refresh the reranker's valid gate file (service/app.py reads it for "auto").
     gate: bool = False
     full_split: bool = False  # all queries and the whole corpus of the split (set by the CLI)
+    full_corpus: bool = False  # the whole corpus of the valid split (queries may be a sample)
     lang: str = ""
     chunk_chars: int | None = None  # None: the service default
     timeout_s: float = 60.0
+    # Queries in flight at once. 1 = sequential single queries (the latency figures mean
+    # single-query latency); more keeps every core busy on long rerank runs.
+    concurrency: int = 1
     ingest_batch: int = 2000
     plots: bool = True
     save_runs: bool = True
     quiet: bool = False
     extra_meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # Train-split questions run on the same server after the modes (hybrid+rerank when a
+    # reranker is given, else hybrid), their per-item signals saved for quality calibration.
+    calibration: Judged | None = None
 
 
 @dataclasses.dataclass
@@ -291,13 +302,25 @@ def _request(query: str, mode: str, top_k: int) -> Any:
     rerank = types_pb2.RERANK_MODE_ON if mode == "hybrid+rerank" else types_pb2.RERANK_MODE_OFF
     return retrieval_pb2.RetrieveRequest(
         query=query, top_k=top_k,
-        options=retrieval_pb2.RetrievalOptions(legs=legs, rerank=rerank, max_context_chars=NO_BUDGET))
+        options=retrieval_pb2.RetrievalOptions(legs=legs, rerank=rerank, max_context_chars=NO_BUDGET,
+                                               min_quality=NO_QUALITY_GATE))
+
+
+def _max_fused(live: _Live, query: str) -> float:
+    """The best possible fused score for ``query`` on the server (both legs planned)."""
+    from service.config import load_config
+    from service.pipeline.fusion import fusion_for, max_rrf_score
+
+    cfg = live.app.cfg if live.app is not None else load_config(None)
+    f = fusion_for(query, cfg)
+    return max_rrf_score([f.bm25_weight, f.knn_weight], f.rrf_k)
 
 
 async def _run_mode(settings: EvalSettings, live: _Live, judged: Judged, model: str, mode: str
                     ) -> tuple[ModeResult, dict[str, list[str]], dict[str, list[float]]]:
     from service._gen.retrieval.v1 import types_pb2
 
+    items: dict[str, dict[str, Any]] = {}  # per query: the result and its top items' signals
     run: dict[str, list[str]] = {}
     scores: dict[str, list[float]] = {}
     head_scores: dict[str, list[tuple[float, float]]] = {}  # (fused, rerank) of the reranked head
@@ -312,15 +335,33 @@ async def _run_mode(settings: EvalSettings, live: _Live, judged: Judged, model: 
     for q in list(judged.queries.values())[:3]:
         async for _ in live.retrieval.Retrieve(_request(q, mode, settings.top_k), timeout=settings.timeout_s):
             pass
-    for i, (qid, query) in enumerate(judged.queries.items(), start=1):
+    sem = asyncio.Semaphore(max(1, settings.concurrency))
+    finished = 0
+
+    async def one(qid: str, query: str) -> None:
+        nonlocal rerank_skipped, degraded, finished
+        async with sem:
+            await _one(qid, query)
+        finished += 1
+        progress(finished)
+
+    async def _one(qid: str, query: str) -> None:
+        nonlocal rerank_skipped, degraded
         ranked: list[str] = []
         score: list[float] = []
         head: list[tuple[float, float]] = []
+        rows: list[list[Any]] = []
+        record: dict[str, Any] = {}
         t = time.perf_counter()
         async for ev in live.retrieval.Retrieve(_request(query, mode, settings.top_k), timeout=settings.timeout_s):
             kind = ev.WhichOneof("event")
             if kind == "evidence":
                 e = ev.evidence
+                if len(rows) < CALIBRATION_ITEMS or not e.HasField("rerank_score"):
+                    # [source_id, bm25, dense, fused, rerank, quality]; None = the leg missed it
+                    rows.append([e.source_id, e.bm25_score if e.HasField("bm25_score") else None,
+                                 e.dense_score if e.HasField("dense_score") else None, e.fused_score,
+                                 e.rerank_score if e.HasField("rerank_score") else None, e.quality])
                 ranked.append(e.source_id)
                 # The leg's own score for single-leg modes (for offline score-fusion studies).
                 score.append(e.bm25_score if mode == "bm25" else e.dense_score if mode == "knn"
@@ -328,6 +369,10 @@ async def _run_mode(settings: EvalSettings, live: _Live, judged: Judged, model: 
                 if e.HasField("rerank_score"):
                     head.append((e.fused_score, e.rerank_score))
             elif kind == "result":
+                record = {"outcome": types_pb2.AttemptOutcome.Name(ev.result.outcome),
+                          "quality_source": types_pb2.QualitySource.Name(ev.result.quality_source),
+                          "top_quality": ev.result.top_quality, "degraded": ev.result.degraded,
+                          "relevance_level": types_pb2.RelevanceLevel.Name(ev.result.relevance_level)}
                 outcomes[types_pb2.AttemptOutcome.Name(ev.result.outcome)] += 1
                 degraded += ev.result.degraded
                 for leg in ev.result.legs:
@@ -340,7 +385,13 @@ async def _run_mode(settings: EvalSettings, live: _Live, judged: Judged, model: 
         run[qid] = ranked
         scores[qid] = score
         head_scores[qid] = head
-        progress(i)
+        # Calibration rows: the top of the final order, plus (hybrid+rerank) every item that
+        # was not reranked, so the fused order can be rebuilt for the hybrid calibration.
+        items[qid] = {**record, "query": query, "max_fused": _max_fused(live, query),
+                      "relevant": sorted(judged.qrels.get(qid, {})), "items": rows}
+
+    await asyncio.gather(*(one(qid, query) for qid, query in judged.queries.items()))
+    run = {qid: run[qid] for qid in judged.queries}  # query order, whatever finished first
     result = ModeResult(
         model=model, mode=mode, status="ok", queries=len(run), metrics=evaluate(run, judged.qrels),
         latency_ms={"p50": percentile(latencies, 50), "p95": percentile(latencies, 95),
@@ -351,6 +402,11 @@ async def _run_mode(settings: EvalSettings, live: _Live, judged: Judged, model: 
         result.reason = f"the rerank leg reported SKIPPED on {rerank_skipped} queries (no reranker on the server?)"
     if mode == "hybrid+rerank" and not rerank_skipped:
         result.alpha_sweep = alpha_sweep(run, head_scores, judged)
+    if settings.save_runs:
+        runs_dir = settings.out / "runs"
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        tag = "" if judged is not settings.calibration else "calibration-"
+        (runs_dir / f"{model}-{tag}{mode}.items.json").write_text(json.dumps(items, ensure_ascii=False))
     return result, run, scores
 
 
@@ -429,6 +485,13 @@ async def evaluate_service(judged: Judged, settings: EvalSettings) -> dict[str, 
                     runs_dir.mkdir(exist_ok=True)
                     (runs_dir / f"{model}-{mode}.json").write_text(json.dumps(run))
                     (runs_dir / f"{model}-{mode}.scores.json").write_text(json.dumps(scores))
+            if settings.calibration is not None and settings.calibration.queries:
+                mode = "hybrid+rerank" if settings.reranker or settings.target else "hybrid"
+                res, _, _ = await _run_mode(settings, live, settings.calibration, model, mode)
+                res.mode = f"calibration:{mode}"
+                results.append(res)
+                _say(settings, f"  calibration sample ({settings.calibration.name}, {res.queries} queries) {mode} "
+                               f"[{model}]: " + ", ".join(f"{k} {v:.4f}" for k, v in res.metrics.items()))
         finally:
             await _stop(live)
     report = {
@@ -459,7 +522,8 @@ def _write_gate(settings: EvalSettings, results: list[ModeResult], judged: Judge
     if not settings.reranker or not hybrid or not reranked or not settings.lang:
         raise ValueError("--gate needs --reranker DIR, --lang and the modes hybrid,hybrid+rerank")
     gate = update_gate(Path(settings.reranker).expanduser(), settings.lang, hybrid[0].metrics["ndcg@10"],
-                       reranked[0].alpha_sweep, full_split=settings.full_split, queries=len(judged.queries),
+                       reranked[0].alpha_sweep, full_split=settings.full_split, full_corpus=settings.full_corpus,
+                       queries=len(judged.queries),
                        documents=len(judged.corpus), embedder=hybrid[0].model,
                        command=str(settings.extra_meta.get("command", "")))
     _say(settings, f"gate: alpha {gate['alpha']}, passed={gate['passed']} {gate['reason']}")

@@ -44,9 +44,10 @@ from service.engines.base import (
 from service.errors import DeadlineExceeded, Overloaded
 from service.ledger.store import Ledger
 from service.models.runtime import ModelRuntime, Timing
-from service.pipeline.fusion import Candidate, FusionParams, fusion_for, interpolate, max_rrf_score, rrf
+from service.pipeline.fusion import Candidate, FusionParams, fusion_for, interpolate, is_cjk, max_rrf_score, rrf
 from service.pipeline.postprocess import admissible, apply_context_budget, dedupe
-from service.pipeline.relevance import assign_quality, relevance_level
+from service.pipeline.quality import QualityModel
+from service.pipeline.relevance import relevance_level
 from service.pipeline.request import AttemptRequest, Principal
 
 CHANNEL = "knowledge_base"
@@ -139,8 +140,10 @@ def _timing(t: Timing) -> LegTiming:
 
 class AttemptRunner:
     def __init__(self, cfg: Config, engine: Engine, runtime: ModelRuntime, ledger: Ledger, *,
-                 rerank_alpha: float = 1.0, rerank_unavailable: str = "") -> None:
+                 rerank_alpha: float = 1.0, rerank_unavailable: str = "",
+                 quality: QualityModel | None = None) -> None:
         self.cfg = cfg
+        self.quality = quality or QualityModel()
         self.engine = engine
         self.runtime = runtime
         self.ledger = ledger
@@ -280,7 +283,7 @@ class AttemptRunner:
             yield LegEvent(r.report)  # as each leg finishes
         candidates = self._fuse(runs, fusion)
         retry_keys = [k for k in cfg.retry_unfiltered_keys if k in flt.metadata]
-        if retry_keys and self._weak(candidates, runs, fusion) and time.monotonic() < deadline - _REPLY_MARGIN_S:
+        if retry_keys and self._weak(candidates, runs, fusion, req.query) and time.monotonic() < deadline - _REPLY_MARGIN_S:
             loose = SearchFilter(flt.collections, flt.source_ids,
                                  {k: v for k, v in flt.metadata.items() if k not in retry_keys}, flt.acl_groups)
             runs = []
@@ -329,7 +332,7 @@ class AttemptRunner:
         reranked = await self._rerank(req, ranked, deadline, result)
 
         # 5. Quality, gate, relevance, budget.
-        sources = [assign_quality(c, reranked=reranked, max_fused=max_fused) for c in ranked]
+        sources = self.quality.assign_all(ranked, reranked=reranked, max_fused=max_fused, cjk=is_cjk(req.query))
         min_quality = req.min_quality or cfg.min_quality
         gated = [c for c in ranked if c.quality >= min_quality]
         if not gated:
@@ -379,11 +382,11 @@ class AttemptRunner:
                    for r in runs if r.report.status is not LegStatus.SKIPPED]
         return max_rrf_score(weights, fusion.rrf_k)
 
-    def _weak(self, candidates: list[Candidate], runs: list[_LegRun], fusion: FusionParams) -> bool:
+    def _weak(self, candidates: list[Candidate], runs: list[_LegRun], fusion: FusionParams, query: str) -> bool:
         if not candidates:
             return True
         best = max(candidates, key=lambda c: c.fused_score)
-        assign_quality(best, reranked=False, max_fused=self._max_fused(runs, fusion))
+        self.quality.assign(best, reranked=False, max_fused=self._max_fused(runs, fusion), cjk=is_cjk(query))
         return best.quality < self.cfg.reference_threshold
 
     def _add_rerank_report(self, result: AttemptResultOut, status: LegStatus, detail: str, req: AttemptRequest) -> None:

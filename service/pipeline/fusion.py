@@ -25,10 +25,15 @@ class FusionParams:
     knn_weight: float
 
 
+def is_cjk(query: str) -> bool:
+    """The query has Han characters: it is treated as Chinese (fusion and quality calibration)."""
+    return _CJK.search(query) is not None
+
+
 def fusion_for(query: str, cfg: Config) -> FusionParams:
     """Per-language fusion settings: BM25 over cjk bigrams and dense similarity trade off
     differently in Chinese and English (tuned on InsuranceQA train, service/eval/fusion_tuned.json)."""
-    if _CJK.search(query):
+    if is_cjk(query):
         return FusionParams(cfg.cjk_rrf_k, cfg.cjk_bm25_weight, cfg.cjk_knn_weight)
     return FusionParams(cfg.rrf_k, cfg.bm25_weight, cfg.knn_weight)
 

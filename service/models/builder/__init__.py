@@ -8,7 +8,8 @@ import fcntl
 import os
 from pathlib import Path
 
-from service.models.builder.e5 import build_e5
+from service.models.builder.e5 import _stderr, build_e5
+from service.models.builder.reranker import build_reranker, install_calibration
 
 MODELS_DIR_ENV = "RETRIEVAL_MODELS_DIR"
 
@@ -21,7 +22,8 @@ def default_models_dir() -> Path:
 
 
 def build_all(out_dir: Path | None = None, force: bool = False) -> list[Path]:
-    """Build every model (currently e5-small fp32 + int8); returns the model dirs.
+    """Build every model: e5-small fp32 + int8 (with the shipped hybrid quality
+    calibration), then the shipped reranker from its committed delta; returns the model dirs.
 
     An exclusive lock on ``out_dir/.build.lock`` lets parallel test sessions or CI jobs
     share one cache dir: the second waits, then finds the models current and skips."""
@@ -29,7 +31,10 @@ def build_all(out_dir: Path | None = None, force: bool = False) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     with (out / ".build.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return build_e5(out, force=force)
+        dirs = build_e5(out, force=force)
+        for d in dirs:
+            install_calibration(d, d.name)
+        return dirs + build_reranker(out, force=force, log=_stderr)
 
 
 __all__ = ["MODELS_DIR_ENV", "build_all", "default_models_dir"]

@@ -33,7 +33,7 @@ from service.models.builder.bert_graph import (
     mean_l2,
     padding_mask,
 )
-from service.models.builder.q4bin import BertConfig, BertWeights, LayerWeights
+from service.models.builder.q4bin import BertConfig, BertWeights, E5Bin, LayerWeights
 
 QUERY_INPUTS = ("query_ids", "query_mask")
 PASSAGE_INPUTS = ("passage_ids", "passage_mask")
@@ -100,3 +100,37 @@ def build_split_graph(config: BertConfig, lower: BertWeights, upper: list[LayerW
     ]
     output = helper.make_tensor_value_info(LOGITS_OUTPUT, TensorProto.FLOAT, [batch, 1])
     return finish(g, name, inputs, [output])
+
+
+def upper_layers(tensors: dict[str, npt.NDArray[np.float32]], n_upper: int) -> list[LayerWeights]:
+    """Trained ``Layer`` tensors ([out, in] linears, torch layout) -> builder layout ([in, out])."""
+
+    def lin(j: int, name: str) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+        return np.ascontiguousarray(tensors[f"layers.{j}.{name}.weight"].T), tensors[f"layers.{j}.{name}.bias"]
+
+    out = []
+    for j in range(n_upper):
+        q, k, v, ao, fi, fo = (lin(j, n) for n in ("q", "k", "v", "ao", "fi", "fo"))
+        out.append(LayerWeights(q[0], q[1], k[0], k[1], v[0], v[1], ao[0], ao[1],
+                                tensors[f"layers.{j}.aln.weight"], tensors[f"layers.{j}.aln.bias"],
+                                fi[0], fi[1], fo[0], fo[1],
+                                tensors[f"layers.{j}.oln.weight"], tensors[f"layers.{j}.oln.bias"]))
+    return out
+
+
+def write_split_onnx(src: E5Bin, n_lower: int, tensors: dict[str, npt.NDArray[np.float32]], n_upper: int,
+                     precision: str, path: str, name: str) -> None:
+    """The whole split cross-encoder as ONNX: e5's own embeddings and first ``n_lower``
+    layers (from the shipped weights) + the trained upper layers, cross-attention biases
+    and head (``tensors``); int8 = dynamic per-channel quantisation of every MatMul."""
+    w = src.weights
+    lower = BertWeights(w.word, w.position, w.token_type, w.emb_ln_w, w.emb_ln_b, w.layers[:n_lower])
+    head = SplitHead([tensors["cross_bias"][j] for j in range(n_upper)], tensors["head_w"], float(tensors["head_b"]))
+    graph = build_split_graph(src.config, lower, upper_layers(tensors, n_upper), head, precision == "int8", name)
+    if precision == "fp32":
+        onnx.save(graph, path)
+        return
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(graph, path, op_types_to_quantize=["MatMul"], per_channel=True, weight_type=QuantType.QInt8,
+                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})

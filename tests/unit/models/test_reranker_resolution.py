@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from service.app import DEFAULT_RERANKER, GATE_FILE, resolve_reranker
+from service.app import DEFAULT_RERANKER, GATE_FILE, GATE_MIN_QUERIES, resolve_reranker
 from service.config import Config
 from service.models.builder.tiny_cross_encoder import build_tiny_split_cross_encoder
 from service.models.manifest import TOKENIZER_FILE, read_manifest
@@ -33,16 +33,17 @@ def _build(models: Path, e5_fp32_dir: Path) -> Path:
 
 
 def _gate(model_dir: Path, en: tuple[float, float], zh: tuple[float, float], *, full: bool = True,
-          sha: str | None = None, alpha: float = 0.6) -> None:
+          sha: str | None = None, alpha: float = 0.6, full_corpus: bool = False, queries: int = 2000) -> None:
     sha = sha or read_manifest(model_dir, "cross-encoder")["onnx_sha256"]
-    rows = {lang: {"hybrid": h, "hybrid_rerank": r, "full_split": full} for lang, (h, r) in (("en", en), ("zh", zh))}
+    rows = {lang: {"hybrid": h, "hybrid_rerank": r, "full_split": full, "full_corpus": full_corpus, "queries": queries}
+            for lang, (h, r) in (("en", en), ("zh", zh))}
     (model_dir / GATE_FILE).write_text(json.dumps({"onnx_sha256": sha, "alpha": alpha, "languages": rows}))
 
 
 def test_off_and_missing(models: Path) -> None:
     assert resolve_reranker(_cfg(models, "")).backend is None
     choice = resolve_reranker(_cfg(models))
-    assert choice.backend is None and "is not built" in choice.reason and "train-reranker" in choice.reason
+    assert choice.backend is None and "is not built" in choice.reason and "models build" in choice.reason
     with pytest.raises(FileNotFoundError):
         resolve_reranker(_cfg(models, "some-model-that-is-not-there"))
 
@@ -54,7 +55,12 @@ def test_auto_needs_a_passing_gate(models: Path, e5_fp32_dir: Path) -> None:
     why = resolve_reranker(_cfg(models)).reason
     assert "does not beat the tuned hybrid on valid zh" in why and "0.2700 vs 0.2800" in why
     _gate(d, en=(0.40, 0.45), zh=(0.28, 0.33), full=False)
-    assert "sample" in resolve_reranker(_cfg(models)).reason
+    assert "full valid corpus" in resolve_reranker(_cfg(models)).reason
+    # A seeded question sample over the whole valid corpus counts from GATE_MIN_QUERIES on.
+    _gate(d, en=(0.40, 0.45), zh=(0.28, 0.33), full=False, full_corpus=True, queries=GATE_MIN_QUERIES - 1)
+    assert "at least" in resolve_reranker(_cfg(models)).reason
+    _gate(d, en=(0.40, 0.45), zh=(0.28, 0.33), full=False, full_corpus=True, queries=GATE_MIN_QUERIES)
+    assert resolve_reranker(_cfg(models)).backend is not None
     _gate(d, en=(0.40, 0.45), zh=(0.28, 0.33), sha="0" * 64)
     assert "another build" in resolve_reranker(_cfg(models)).reason
     # An explicit name is the operator's choice: no gate needed.

@@ -125,22 +125,34 @@ class _QualitySourceEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Quality
     DESCRIPTOR: _descriptor.EnumDescriptor
     QUALITY_SOURCE_UNSPECIFIED: _QualitySource.ValueType  # 0
     QUALITY_SOURCE_DENSE_DISTANCE: _QualitySource.ValueType  # 1
-    """1 - L2 / 2 between the unit query and document vectors."""
+    """Uncalibrated fallback: 1 - L2 / 2 between the unit query and document vectors."""
     QUALITY_SOURCE_RANK_FALLBACK: _QualitySource.ValueType  # 2
-    """No dense distance for the top document: normalised fused rank score."""
+    """Uncalibrated fallback without a dense distance: normalised fused rank score."""
     QUALITY_SOURCE_RERANKER_PROBABILITY: _QualitySource.ValueType  # 3
-    """sigmoid of the cross-encoder logit."""
+    """The cross-encoder ran: its logit (with the hybrid signals) calibrated on judged data."""
+    QUALITY_SOURCE_HYBRID_CALIBRATED: _QualitySource.ValueType  # 4
+    """No rerank (off, or fell back): the hybrid's signals (dense similarity, BM25 score,
+    leg agreement, fused score) calibrated on judged data, shipped with the embedding model.
+    """
 
 class QualitySource(_QualitySource, metaclass=_QualitySourceEnumTypeWrapper):
-    """QualitySource says where the top-1 quality score (and so relevance_level) came from."""
+    """QualitySource says where the top-1 quality score (and so relevance_level) came from.
+    The calibrated sources (RERANKER_PROBABILITY with a shipped calibration,
+    HYBRID_CALIBRATED) are probabilities that the item answers the query; the two
+    uncalibrated fallbacks are used only when no calibration matches the served models.
+    """
 
 QUALITY_SOURCE_UNSPECIFIED: QualitySource.ValueType  # 0
 QUALITY_SOURCE_DENSE_DISTANCE: QualitySource.ValueType  # 1
-"""1 - L2 / 2 between the unit query and document vectors."""
+"""Uncalibrated fallback: 1 - L2 / 2 between the unit query and document vectors."""
 QUALITY_SOURCE_RANK_FALLBACK: QualitySource.ValueType  # 2
-"""No dense distance for the top document: normalised fused rank score."""
+"""Uncalibrated fallback without a dense distance: normalised fused rank score."""
 QUALITY_SOURCE_RERANKER_PROBABILITY: QualitySource.ValueType  # 3
-"""sigmoid of the cross-encoder logit."""
+"""The cross-encoder ran: its logit (with the hybrid signals) calibrated on judged data."""
+QUALITY_SOURCE_HYBRID_CALIBRATED: QualitySource.ValueType  # 4
+"""No rerank (off, or fell back): the hybrid's signals (dense similarity, BM25 score,
+leg agreement, fused score) calibrated on judged data, shipped with the embedding model.
+"""
 Global___QualitySource: _TypeAlias = QualitySource  # noqa: Y015
 
 class _LegKind:

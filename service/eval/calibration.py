@@ -1,0 +1,213 @@
+"""Fit and check the quality calibrations (``service/pipeline/quality.py``).
+
+    python -m service.eval.calibration fit \\
+        --train OUT_EN/runs/int8-calibration-hybrid+rerank.items.json OUT_ZH/runs/... \\
+        --valid OUT_EN/runs/int8-hybrid+rerank.items.json OUT_ZH/runs/... \\
+        --embedding-dir MODELS/multilingual-e5-small-int8 --reranker-dir MODELS/e5-small-split-reranker-int8 \\
+        --out service/models/builder/artifacts/calibration
+
+Inputs are the per-query item dumps ``service eval`` writes (``runs/*.items.json``): the
+**train** sample (``--calibration-sample``) to fit on, the **valid** runs to measure on.
+From a hybrid+rerank dump both calibrations are fitted: ``rerank`` on the top of the final
+(reranked) order, ``hybrid`` on the top of the fused order rebuilt from the fused scores
+(exactly the hybrid mode's order). Label: the item is a judged answer of the question.
+Rows: the top ``--rows`` items of each list (default 3), so the probability is fitted
+where agents read. Model: L2-regularised logistic regression (Newton), per language.
+
+Writes ``hybrid.json`` and ``rerank.json`` (each names the ONNX hash it was fitted on),
+``calibration_report.json`` (ECE of the top-1 and of the fitted rows, per source and
+language, on valid) and ``reliability.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from service.pipeline.fusion import is_cjk
+from service.pipeline.quality import CALIBRATION_VERSION, HYBRID_FEATURES, RERANK_FEATURES, Logistic, signals
+
+F64 = npt.NDArray[np.float64]
+ECE_BINS = 10
+
+
+def _rows_of(record: dict[str, Any], kind: str, top: int) -> list[tuple[dict[str, float], bool, int]]:
+    """(signals, is a judged answer, rank) of the top ``top`` items of one list."""
+    items = record["items"]
+    if kind == "hybrid":
+        items = sorted(items, key=lambda r: -r[3])  # the fused order
+    else:
+        items = [r for r in items if r[4] is not None]  # the reranked head, in final order
+    relevant = set(record["relevant"])
+    out = []
+    for rank, (sid, bm25, dense, fused, rerank, _q) in enumerate(items[:top], start=1):
+        x = signals(dense_score=dense, bm25_score=bm25, fused_score=fused, max_fused=record["max_fused"],
+                    rerank_score=rerank if kind == "rerank" else None)
+        out.append((x, sid in relevant, rank))
+    return out
+
+
+def load_rows(paths: Sequence[Path], kind: str, top: int) -> dict[str, list[tuple[dict[str, float], bool, int]]]:
+    """Rows per language ("en" / "cjk") from item dumps; degraded attempts are left out."""
+    by_lang: dict[str, list[tuple[dict[str, float], bool, int]]] = {"en": [], "cjk": []}
+    for path in paths:
+        data: dict[str, Any] = json.loads(Path(path).read_text(encoding="utf-8"))
+        for record in data.values():
+            if record.get("degraded") or not record["items"]:
+                continue
+            by_lang["cjk" if is_cjk(record["query"]) else "en"] += _rows_of(record, kind, top)
+    return by_lang
+
+
+def fit_logistic(x: F64, y: F64, features: Sequence[str], l2: float = 1.0, iters: int = 50) -> Logistic:
+    """Newton's method on standardised features with an L2 penalty (not on the intercept)."""
+    mean = x.mean(axis=0)
+    scale = x.std(axis=0)
+    scale[scale < 1e-9] = 1.0
+    z = np.hstack([(x - mean) / scale, np.ones((len(x), 1))])
+    rate = float(np.clip(y.mean(), 1e-6, 1 - 1e-6))
+    theta = np.zeros(z.shape[1])
+    theta[-1] = math.log(rate / (1 - rate))
+    penalty = np.full(z.shape[1], l2)
+    penalty[-1] = 0.0
+    for _ in range(iters):
+        p = 1.0 / (1.0 + np.exp(-np.clip(z @ theta, -50, 50)))
+        grad = z.T @ (p - y) + penalty * theta
+        hess = z.T @ (z * (p * (1 - p))[:, None]) + np.diag(penalty + 1e-9)
+        step = np.linalg.solve(hess, grad)
+        theta -= step
+        if np.abs(step).max() < 1e-10:
+            break
+    return Logistic(tuple(features), tuple(float(v) for v in mean), tuple(float(v) for v in scale),
+                    tuple(float(v) for v in theta[:-1]), float(theta[-1]))
+
+
+def matrix(rows: Sequence[tuple[dict[str, float], bool, int]], features: Sequence[str]) -> tuple[F64, F64]:
+    x = np.array([[r[0][f] for f in features] for r in rows], dtype=np.float64).reshape(len(rows), len(features))
+    y = np.array([1.0 if r[1] else 0.0 for r in rows], dtype=np.float64)
+    return x, y
+
+
+def ece(p: F64, y: F64, bins: int = ECE_BINS) -> tuple[float, list[dict[str, float]]]:
+    """Expected calibration error over equal-width bins, and the reliability table."""
+    table = []
+    total = 0.0
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        sel = (p >= lo) & ((p < hi) if hi < 1.0 else (p <= hi))
+        if not sel.any():
+            continue
+        conf, acc = float(p[sel].mean()), float(y[sel].mean())
+        total += sel.sum() / len(p) * abs(conf - acc)
+        table.append({"lo": float(lo), "hi": float(hi), "n": int(sel.sum()), "mean_p": round(conf, 4),
+                      "observed": round(acc, 4)})
+    return float(total), table
+
+
+def fit(train: Sequence[Path], valid: Sequence[Path], *, hybrid_sha: str, rerank_sha: str, out: Path,
+        top: int = 3, l2: float = 1.0) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {"label": "item is a judged answer (InsuranceQA)", "rows_per_list": top,
+                              "fitted_on": [str(p) for p in train], "measured_on": [str(p) for p in valid],
+                              "sources": {}}
+    for kind, features, sha in (("hybrid", HYBRID_FEATURES, hybrid_sha), ("rerank", RERANK_FEATURES, rerank_sha)):
+        if not sha:
+            continue
+        tr, va = load_rows(train, kind, top), load_rows(valid, kind, top)
+        models: dict[str, Any] = {}
+        src: dict[str, Any] = {}
+        for lang in ("en", "cjk"):
+            if not tr[lang]:
+                raise ValueError(f"no {lang} train rows for the {kind} calibration")
+            x, y = matrix(tr[lang], features)
+            model = fit_logistic(x, y, features, l2)
+            models[lang] = model.to_json()
+            res: dict[str, Any] = {"train_rows": len(y), "train_positive_rate": round(float(y.mean()), 4)}
+            if va[lang]:
+                xv, yv = matrix(va[lang], features)
+                pv = np.array([model.probability(dict(zip(features, row))) for row in xv])
+                top1 = np.array([r[2] == 1 for r in va[lang]])
+                e_all, _ = ece(pv, yv)
+                e_top, table = ece(pv[top1], yv[top1])
+                res.update({"valid_rows": len(yv), "ece_rows": round(e_all, 4), "ece_top1": round(e_top, 4),
+                            "valid_top1_accuracy": round(float(yv[top1].mean()), 4),
+                            "valid_top1_mean_p": round(float(pv[top1].mean()), 4), "reliability_top1": table})
+            src[lang] = res
+        doc = {"version": CALIBRATION_VERSION, "kind": kind, "onnx_sha256": sha,
+               "label": report["label"], "rows_per_list": top, "l2": l2, "by_language": models,
+               "valid": {lang: {k: v for k, v in r.items() if k != "reliability_top1"} for lang, r in src.items()}}
+        (out / f"{kind}.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        report["sources"][kind] = src
+    (out / "calibration_report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    try:
+        reliability_plot(report, out / "reliability.png")
+    except ImportError:
+        pass
+    return report
+
+
+def reliability_plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sources = report["sources"]
+    fig, axes = plt.subplots(1, len(sources), figsize=(5 * len(sources), 4.6), squeeze=False)
+    for ax, (kind, langs) in zip(axes[0], sources.items()):
+        ax.plot([0, 1], [0, 1], color="grey", lw=1, ls="--", label="perfect")
+        for lang, res in langs.items():
+            table = res.get("reliability_top1", [])
+            if not table:
+                continue
+            ax.plot([b["mean_p"] for b in table], [b["observed"] for b in table], marker="o",
+                    label=f"{lang}: ECE {res['ece_top1']:.3f} (top-1, n={sum(b['n'] for b in table)})")
+        name = {"hybrid": "HYBRID_CALIBRATED", "rerank": "RERANKER_PROBABILITY"}[kind]
+        ax.set_title(f"{name}: valid top-1 reliability", fontsize=9)
+        ax.set_xlabel("predicted probability the top item is a judged answer")
+        ax.set_ylabel("observed fraction")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m service.eval.calibration", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    f = sub.add_parser("fit")
+    f.add_argument("--train", type=Path, nargs="+", required=True)
+    f.add_argument("--valid", type=Path, nargs="*", default=[])
+    f.add_argument("--embedding-dir", type=Path, required=True, help="the embedding model dir the runs used")
+    f.add_argument("--reranker-dir", type=Path, default=None, help="the reranker dir the runs used")
+    f.add_argument("--out", type=Path, required=True)
+    f.add_argument("--rows", type=int, default=3)
+    f.add_argument("--l2", type=float, default=1.0)
+    a = p.parse_args(argv)
+    from service.models.manifest import read_manifest
+
+    hybrid_sha = str(read_manifest(a.embedding_dir, "embedding")["onnx_sha256"])
+    rerank_sha = str(read_manifest(a.reranker_dir, "cross-encoder")["onnx_sha256"]) if a.reranker_dir else ""
+    report = fit(a.train, a.valid, hybrid_sha=hybrid_sha, rerank_sha=rerank_sha, out=a.out, top=a.rows, l2=a.l2)
+    for kind, langs in report["sources"].items():
+        for lang, res in langs.items():
+            print(f"{kind:7s} {lang:4s} " + ", ".join(f"{k} {v}" for k, v in res.items() if k != "reliability_top1"),
+                  file=sys.stderr)
+    print(json.dumps({"out": str(a.out)}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

