@@ -67,6 +67,24 @@ def load_delta(path: Path) -> dict[str, F32]:
         return {k: np.asarray(z[k], dtype=np.float32) for k in z.files}
 
 
+def initial_tensors(src: Any, lower: int, n_upper: int, cross_bias: float = -6.0, head_scale: float = 20.0) -> dict[str, F32]:
+    """The untrained delta: e5's own upper layers, closed cross attention and a head of
+    ``head_scale * ones``: the split model then ranks exactly like the dense leg (training
+    starts here; tests use it as a delta whose behaviour is known)."""
+    out: dict[str, F32] = {}
+    for j, lw in enumerate(src.weights.layers[lower : lower + n_upper]):
+        for name in ("q", "k", "v", "ao", "fi", "fo"):
+            out[f"layers.{j}.{name}.weight"] = np.ascontiguousarray(getattr(lw, f"{name}_w").T, dtype=np.float32)
+            out[f"layers.{j}.{name}.bias"] = np.asarray(getattr(lw, f"{name}_b"), dtype=np.float32)
+        for name in ("aln", "oln"):
+            out[f"layers.{j}.{name}.weight"] = np.asarray(getattr(lw, f"{name}_w"), dtype=np.float32)
+            out[f"layers.{j}.{name}.bias"] = np.asarray(getattr(lw, f"{name}_b"), dtype=np.float32)
+    out["cross_bias"] = np.full((n_upper, src.config.heads), cross_bias, dtype=np.float32)
+    out["head_w"] = np.full((src.config.hidden,), head_scale, dtype=np.float32)
+    out["head_b"] = np.zeros((), dtype=np.float32)
+    return out
+
+
 def read_card(src_dir: Path) -> dict[str, Any]:
     card: dict[str, Any] = json.loads((src_dir / CARD_FILE).read_text(encoding="utf-8"))
     return card

@@ -1,0 +1,64 @@
+"""The calibration fit: recovers a known logistic model, reports a small ECE, writes files."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+
+from service.eval.calibration import ece, fit, fit_logistic
+from service.pipeline.quality import HYBRID_FEATURES, parse_calibration
+
+
+def test_fit_logistic_recovers_coefficients() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(20000, 2))
+    p = 1 / (1 + np.exp(-(0.5 + 2.0 * x[:, 0] - 1.0 * x[:, 1])))
+    y = (rng.random(20000) < p).astype(np.float64)
+    model = fit_logistic(x, y, ("a", "b"), l2=0.0)
+    coef = np.array(model.coef) / np.array(model.scale)
+    assert np.allclose(coef, [2.0, -1.0], atol=0.1)
+    probs = np.array([model.probability({"a": r[0], "b": r[1]}) for r in x])
+    assert ece(probs, y)[0] < 0.02
+
+
+def test_ece_of_a_miscalibrated_predictor() -> None:
+    y = np.array([1.0, 0.0] * 500)
+    assert ece(np.full(1000, 0.5), y)[0] < 1e-9
+    assert abs(ece(np.full(1000, 0.9), y)[0] - 0.4) < 1e-9
+
+
+def _dump(path: Path, n: int, seed: int) -> None:
+    """Item dumps shaped like ``service eval`` writes: relevant items have higher cosine."""
+    rng = random.Random(seed)
+    data = {}
+    for q in range(n):
+        items = []
+        for i in range(8):
+            rel = i == 0 and rng.random() < 0.6
+            cos = 0.8 + (0.08 if rel else 0.0) + rng.gauss(0, 0.03)
+            items.append([f"d{q}-{i}", rng.uniform(0, 20), cos, 1 / (10 + i + 1), 2.0 * (cos - 0.8) / 0.08 - 1, 0.0])
+        data[f"q{q}"] = {"query": "english question" if q % 2 else "中文问题", "max_fused": 1.3 / 11, "degraded": False,
+                         "relevant": [f"d{q}-0"] if items[0][2] > 0.84 else [], "items": items}
+    path.write_text(json.dumps(data, ensure_ascii=False))
+
+
+def test_fit_writes_calibrations_and_report(tmp_path: Path) -> None:
+    _dump(tmp_path / "train.json", 800, 0)
+    _dump(tmp_path / "valid.json", 400, 1)
+    report = fit([tmp_path / "train.json"], [tmp_path / "valid.json"], hybrid_sha="h" * 64, rerank_sha="r" * 64,
+                 out=tmp_path / "out", top=3)
+    for kind in ("hybrid", "rerank"):
+        cal = parse_calibration(json.loads((tmp_path / "out" / f"{kind}.json").read_text()), kind)
+        assert cal.onnx_sha256 == (kind[0] * 64)
+        for lang in ("en", "cjk"):
+            res = report["sources"][kind][lang]
+            assert res["ece_top1"] < 0.1 and res["valid_rows"] > 0
+    hybrid = parse_calibration(json.loads((tmp_path / "out" / "hybrid.json").read_text()), "hybrid")
+    x = dict.fromkeys(HYBRID_FEATURES, 0.0) | {"has_dense": 1.0, "has_bm25": 1.0, "fused_rel": 1.0}
+    assert hybrid.probability(x | {"dense_cos": 0.9}, False) > hybrid.probability(x | {"dense_cos": 0.75}, False)
+    assert not math.isnan(hybrid.probability(x, True))
+    assert (tmp_path / "out" / "reliability.png").stat().st_size > 1000

@@ -1,0 +1,83 @@
+"""Calibrated quality: the logistic models, the hash check, and the fallbacks."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from service.domain import QualitySource
+from service.engines.base import ChunkRecord
+from service.pipeline.fusion import Candidate
+from service.pipeline.quality import (
+    CALIBRATION_FILE,
+    HYBRID_FEATURES,
+    RERANK_FEATURES,
+    Logistic,
+    QualityModel,
+    load_calibration,
+    parse_calibration,
+    signals,
+)
+
+
+def _logistic(features: tuple[str, ...], coef: float) -> dict[str, object]:
+    return Logistic(features, tuple(0.0 for _ in features), tuple(1.0 for _ in features),
+                    tuple(coef if f in ("dense_cos", "rerank_logit") else 0.0 for f in features), -2.0).to_json()
+
+
+def _doc(kind: str, sha: str) -> dict[str, object]:
+    features = RERANK_FEATURES if kind == "rerank" else HYBRID_FEATURES
+    return {"version": 1, "kind": kind, "onnx_sha256": sha,
+            "by_language": {"en": _logistic(features, 4.0), "cjk": _logistic(features, 2.0)}}
+
+
+def _candidate(distance: float | None, bm25: float | None, fused: float, rerank: float | None = None) -> Candidate:
+    chunk = ChunkRecord(chunk_id="s#0@v1", source_id="s", version="v1", chunk_index=0, collection="doc",
+                        status="approved", title="s", breadcrumb="", text="t", parent_text="t", search_text="t")
+    return Candidate(chunk, fused_score=fused, bm25_score=bm25, distance=distance, rerank_score=rerank)
+
+
+def test_signals_mark_missing_legs() -> None:
+    x = signals(dense_score=None, bm25_score=3.0, fused_score=0.05, max_fused=0.1)
+    assert x["has_dense"] == 0.0 and x["dense_cos"] == 0.0 and x["has_bm25"] == 1.0
+    assert x["bm25_log"] == pytest.approx(math.log1p(3.0)) and x["fused_rel"] == pytest.approx(0.5)
+
+
+def test_probability_is_logistic_per_language() -> None:
+    model = QualityModel(hybrid=parse_calibration(_doc("hybrid", "h"), "hybrid"),
+                         rerank=parse_calibration(_doc("rerank", "r"), "rerank"))
+    c = _candidate(distance=math.sqrt(2 * (1 - 0.9)), bm25=2.0, fused=0.1)
+    assert model.assign(c, reranked=False, max_fused=0.2, cjk=False) is QualitySource.HYBRID_CALIBRATED
+    assert c.quality == pytest.approx(1 / (1 + math.exp(-(-2.0 + 4.0 * 0.9))), rel=1e-6)
+    model.assign(c, reranked=False, max_fused=0.2, cjk=True)
+    assert c.quality == pytest.approx(1 / (1 + math.exp(-(-2.0 + 2.0 * 0.9))), rel=1e-6)
+    c.rerank_score = 1.5
+    assert model.assign(c, reranked=True, max_fused=0.2, cjk=False) is QualitySource.RERANKER_PROBABILITY
+    assert c.quality == pytest.approx(1 / (1 + math.exp(-(-2.0 + 4.0 * 1.5 + 4.0 * 0.9))), rel=1e-6)
+
+
+def test_uncalibrated_fallbacks() -> None:
+    model = QualityModel()
+    c = _candidate(distance=0.5, bm25=1.0, fused=0.1, rerank=0.0)
+    assert model.assign(c, reranked=True, max_fused=0.2, cjk=False) is QualitySource.RERANKER_PROBABILITY
+    assert c.quality == pytest.approx(0.5)
+    assert model.assign(c, reranked=False, max_fused=0.2, cjk=False) is QualitySource.DENSE_DISTANCE
+    lexical = _candidate(distance=None, bm25=1.0, fused=0.1)
+    assert model.assign(lexical, reranked=False, max_fused=0.2, cjk=False) is QualitySource.RANK_FALLBACK
+
+
+def test_calibration_applies_only_to_its_model(tmp_path: Path) -> None:
+    (tmp_path / CALIBRATION_FILE).write_text(json.dumps(_doc("hybrid", "abc")))
+    assert load_calibration(tmp_path, "hybrid", "abc") is not None
+    assert load_calibration(tmp_path, "hybrid", "another-build") is None
+    assert load_calibration(tmp_path / "missing", "hybrid", "abc") is None
+    with pytest.raises(ValueError, match="kind"):
+        load_calibration(tmp_path, "rerank", "abc")
+    bad = _doc("hybrid", "abc")
+    bad["by_language"]["en"]["scale"] = [0.0] * len(HYBRID_FEATURES)  # type: ignore[index]
+    (tmp_path / CALIBRATION_FILE).write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="invalid quality calibration"):
+        load_calibration(tmp_path, "hybrid", "abc")
