@@ -201,7 +201,7 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from service.models.builder import build_all, default_models_dir
+    from service.offline.builder import build_all, default_models_dir
 
     out = Path(args.out) if args.out else default_models_dir()
     for path in build_all(out, force=args.force):
@@ -210,16 +210,17 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_train_reranker(args: argparse.Namespace) -> int:
-    from service.models.builder import default_models_dir
-    from service.models.training.pipeline import run_pipeline
+    from service.offline.builder import default_models_dir
+    from service.offline.training.pipeline import run_pipeline
 
     models_dir = Path(args.out) if args.out else default_models_dir()
     if args.arch == "split":
-        from service.models.training.pipeline import run_split_pipeline
+        from service.offline.training.pipeline import run_split_pipeline
 
         run_split_pipeline(pack=Path(args.pack), cache=Path(args.cache), work=Path(args.work), models_dir=models_dir,
-                           name=args.name or "e5-small-split-reranker", langs=args.langs, minutes=args.minutes or 65.0,
-                           resume=args.resume, repack=args.repack)
+                           name=args.name or "e5-small-split-reranker", langs=args.langs, minutes=args.minutes or 25.0,
+                           resume=args.resume, repack=args.repack,
+                           artifact=Path(args.artifact) if args.artifact else None)
         return 0
     run_pipeline(pack=Path(args.pack), work=Path(args.work), models_dir=models_dir,
                  name=args.name or "e5-small-reranker", langs=args.langs, device=args.device, minutes=args.minutes,
@@ -280,8 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--out", default=None)
     b.add_argument("--force", action="store_true")
     b.set_defaults(fn=cmd_models)
-    t = msub.add_parser("train-reranker", help="pack -> train -> export the cross-encoder (split: ~2 h on 2 CPU cores; "
-                        "joint: hours per epoch on CPU, see service/models/training/DEVICE.md for a GPU)")
+    t = msub.add_parser("train-reranker", help="pack -> train -> ship the cross-encoder (split: ~1 h on 2 CPU cores; "
+                        "joint: hours per epoch on CPU, see service/offline/training/DEVICE.md for a GPU)")
     t.add_argument("--arch", choices=["split", "joint"], default="split",
                    help="split: lower e5 layers cached, upper layers trained (the default reranker); "
                         "joint: a full cross-encoder (GPU)")
@@ -299,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--lr", type=float, default=5e-5)
     t.add_argument("--resume", action="store_true")
     t.add_argument("--repack", action="store_true")
+    t.add_argument("--artifact", default=None,
+                   help="split: where the compact artifact (delta.npz + card.json) goes (default: the shipped one, "
+                        "service/offline/builder/artifacts/NAME)")
     t.set_defaults(fn=cmd_train_reranker)
 
     d = sub.add_parser("demo-corpus", help="write the demo corpus JSONL")

@@ -4,7 +4,7 @@
         --train OUT_EN/runs/int8-calibration-hybrid+rerank.items.json OUT_ZH/runs/... \\
         --valid OUT_EN/runs/int8-hybrid+rerank.items.json OUT_ZH/runs/... \\
         --embedding-dir MODELS/multilingual-e5-small-int8 --reranker-dir MODELS/e5-small-split-reranker-int8 \\
-        --out service/models/builder/artifacts/calibration
+        --out service/offline/builder/artifacts/calibration
 
 Inputs are the per-query item dumps ``service eval`` writes (``runs/*.items.json``): the
 **train** sample (``--calibration-sample``) to fit on, the **valid** runs to measure on.

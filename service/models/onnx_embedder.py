@@ -1,4 +1,4 @@
-"""Sentence embeddings from a built model dir (see ``service.models.builder``)."""
+"""Sentence embeddings from a built model dir (see ``service.offline.builder``)."""
 
 from __future__ import annotations
 

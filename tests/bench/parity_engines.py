@@ -173,7 +173,7 @@ def insuranceqa_sample(lang: str, n_queries: int, n_answers: int, seed: int = 0)
 
 
 def load_e5(threads: int = 1) -> Any:
-    from service.models.builder import build_all, default_models_dir
+    from service.offline.builder import build_all, default_models_dir
     from service.models.onnx_embedder import load_embedder
 
     models = default_models_dir()

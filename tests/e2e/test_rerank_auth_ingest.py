@@ -9,8 +9,8 @@ import grpc
 import pytest
 
 from service._gen.retrieval.v1 import corpus_pb2, retrieval_pb2, types_pb2
-from service.models.builder import default_models_dir
-from service.models.builder.tiny_cross_encoder import build_tiny_cross_encoder
+from service.offline.builder import default_models_dir
+from service.offline.builder.tiny_cross_encoder import build_tiny_cross_encoder
 from service.models.onnx_cross_encoder import load_cross_encoder
 from tests.support.harness import E5_INT8, StartServer, demo_documents, evidence_of, result_of
 

@@ -58,7 +58,7 @@ def judged():  # type: ignore[no-untyped-def]
 
 
 async def test_each_stage_earns_its_place(judged, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from service.models.builder import build_all, default_models_dir
+    from service.offline.builder import build_all, default_models_dir
 
     build_all(default_models_dir())  # no-op when current
     # Fusion as tuned on train (service/eval/fusion_tuned.json). With the old defaults (rrf_k 60,

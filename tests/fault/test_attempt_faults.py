@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from service._gen.retrieval.v1 import retrieval_pb2, types_pb2
-from service.models.builder.tiny_cross_encoder import build_tiny_cross_encoder
+from service.offline.builder.tiny_cross_encoder import build_tiny_cross_encoder
 from service.models.onnx_cross_encoder import load_cross_encoder
 from tests.support.harness import E5_INT8, StartServer, evidence_of, legs_of, result_of
 
@@ -152,7 +152,7 @@ async def test_overload_is_resource_exhausted_with_a_retry_delay(start_server: S
 
 @pytest.fixture
 def tiny_reranker(tmp_path: Path):  # type: ignore[no-untyped-def]
-    from service.models.builder import default_models_dir
+    from service.offline.builder import default_models_dir
 
     out = build_tiny_cross_encoder(tmp_path / "tiny-ce", default_models_dir() / E5_INT8 / "tokenizer.json")
     return load_cross_encoder(out, threads=1)

@@ -17,7 +17,7 @@ from service.app import App
 from service.config import Config
 from service.demo.corpus import DEMO_DOCUMENTS
 from service.models.base import CrossEncoderBackend, EmbeddingBackend
-from service.models.builder import build_all, default_models_dir
+from service.offline.builder import build_all, default_models_dir
 from service.models.onnx_embedder import load_embedder
 
 E5_INT8 = "multilingual-e5-small-int8"

@@ -13,7 +13,7 @@ import pytest
 
 from service.app import DEFAULT_RERANKER, GATE_FILE, GATE_MIN_QUERIES, resolve_reranker
 from service.config import Config
-from service.models.builder.tiny_cross_encoder import build_tiny_split_cross_encoder
+from service.offline.builder.tiny_cross_encoder import build_tiny_split_cross_encoder
 from service.models.manifest import TOKENIZER_FILE, read_manifest
 
 pytestmark = pytest.mark.slow

@@ -14,9 +14,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from service.models.builder.bert_graph import GraphOptions, build_bert_graph
-from service.models.builder.q4bin import BertConfig
-from service.models.builder.tiny_cross_encoder import _random_weights, build_tiny_split_cross_encoder
+from service.offline.builder.bert_graph import GraphOptions, build_bert_graph
+from service.offline.builder.q4bin import BertConfig
+from service.offline.builder.tiny_cross_encoder import _random_weights, build_tiny_split_cross_encoder
 from service.models.manifest import TOKENIZER_FILE, read_manifest
 from service.models.onnx_cross_encoder import OnnxCrossEncoder
 

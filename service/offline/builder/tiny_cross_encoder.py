@@ -13,8 +13,8 @@ import numpy as np
 import onnx
 from tokenizers import Tokenizer, processors
 
-from service.models.builder.bert_graph import LOGITS_OUTPUT, GraphOptions, build_bert_graph
-from service.models.builder.q4bin import F32, BertConfig, BertWeights, LayerWeights
+from service.offline.builder.bert_graph import LOGITS_OUTPUT, GraphOptions, build_bert_graph
+from service.offline.builder.q4bin import F32, BertConfig, BertWeights, LayerWeights
 from service.models.manifest import MODEL_FILE, TOKENIZER_FILE, sha256_file, write_manifest
 
 TINY_MAX_LENGTH = 128
@@ -110,7 +110,7 @@ def build_tiny_split_cross_encoder(out_dir: Path, tokenizer_json: Path, lower: i
                                    query_max_tokens: int = 16, passage_max_tokens: int = 48) -> Path:
     """A random-weight split cross-encoder (``split_graph.py``) with the trained reranker's
     manifest layout, for tests of the runner, the graph and the reranker resolution."""
-    from service.models.builder.split_graph import SplitHead, build_split_graph
+    from service.offline.builder.split_graph import SplitHead, build_split_graph
 
     tok = Tokenizer.from_file(str(tokenizer_json))
     config = BertConfig(hidden=hidden, layers=lower + upper, heads=max(1, hidden // 32), intermediate=4 * hidden,

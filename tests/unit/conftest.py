@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from service.models.builder import build_all, default_models_dir
-from service.models.builder.tiny_cross_encoder import build_tiny_cross_encoder
+from service.offline.builder import build_all, default_models_dir
+from service.offline.builder.tiny_cross_encoder import build_tiny_cross_encoder
 from service.models.manifest import TOKENIZER_FILE
 from service.models.onnx_cross_encoder import OnnxCrossEncoder, load_cross_encoder
 from service.models.onnx_embedder import OnnxEmbedder, load_embedder

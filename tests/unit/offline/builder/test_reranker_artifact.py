@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.models.builder.e5 import source_bin
-from service.models.builder.q4bin import read_e5_bin
-from service.models.builder.reranker import (
+from service.offline.builder.e5 import source_bin
+from service.offline.builder.q4bin import read_e5_bin
+from service.offline.builder.reranker import (
     ARTIFACTS,
     CARD_FILE,
     DELTA_FILE,
@@ -66,7 +66,7 @@ def test_assembly_is_deterministic_and_hash_checked(tmp_path: Path) -> None:
 
 def test_the_shipped_artifact_is_complete_and_small() -> None:
     shipped = [p for p in ARTIFACTS.iterdir() if (p / CARD_FILE).is_file()]
-    assert shipped, "no shipped reranker artifact under service/models/builder/artifacts"
+    assert shipped, "no shipped reranker artifact under service/offline/builder/artifacts"
     for art in shipped:
         card = read_card(art)
         assert (art / DELTA_FILE).stat().st_size <= 12 * 10**6

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-from service.models.builder.q4bin import UnigramVocab
+from service.offline.builder.q4bin import UnigramVocab
 
 _PUA_BASE = 0xF0000  # supplementary private use area A: NFKC leaves it alone
 _MASK = "<mask>"

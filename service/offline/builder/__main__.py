@@ -1,4 +1,4 @@
-"""``python -m service.models.builder build [--out DIR] [--force]``."""
+"""``python -m service.offline.builder build [--out DIR] [--force]``."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import argparse
 import time
 from pathlib import Path
 
-from service.models.builder import build_all, default_models_dir
+from service.offline.builder import build_all, default_models_dir
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m service.models.builder")
+    parser = argparse.ArgumentParser(prog="python -m service.offline.builder")
     sub = parser.add_subparsers(dest="command", required=True)
     build = sub.add_parser("build", help="build the ONNX models from installed weight packages")
     build.add_argument("--out", type=Path, default=None, help=f"output dir (default: {default_models_dir()})")

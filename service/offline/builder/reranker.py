@@ -107,10 +107,10 @@ def assemble(src_dir: Path, out_dir: Path, precision: str = "int8", *, force: bo
              log: Log = print) -> Path:
     """Build ``out_dir/<name>-<precision>/`` from the artifact in ``src_dir``; with ``check``
     the ONNX hash must equal the card's. Copies the gate and the quality calibration."""
-    from service.models.builder.e5 import MAX_LENGTH, SOURCE_FILE, SOURCE_PACKAGE, SOURCE_VERSION, source_bin
-    from service.models.builder.q4bin import read_e5_bin
-    from service.models.builder.split_graph import write_split_onnx
-    from service.models.builder.tokenizer_json import build_tokenizer
+    from service.offline.builder.e5 import MAX_LENGTH, SOURCE_FILE, SOURCE_PACKAGE, SOURCE_VERSION, source_bin
+    from service.offline.builder.q4bin import read_e5_bin
+    from service.offline.builder.split_graph import write_split_onnx
+    from service.offline.builder.tokenizer_json import build_tokenizer
 
     card = read_card(src_dir)
     delta = src_dir / DELTA_FILE

@@ -23,7 +23,7 @@ import numpy.typing as npt
 import onnx
 from onnx import TensorProto, helper
 
-from service.models.builder.bert_graph import (
+from service.offline.builder.bert_graph import (
     LOGITS_OUTPUT,
     GraphOptions,
     _Graph,
@@ -33,7 +33,7 @@ from service.models.builder.bert_graph import (
     mean_l2,
     padding_mask,
 )
-from service.models.builder.q4bin import BertConfig, BertWeights, E5Bin, LayerWeights
+from service.offline.builder.q4bin import BertConfig, BertWeights, E5Bin, LayerWeights
 
 QUERY_INPUTS = ("query_ids", "query_mask")
 PASSAGE_INPUTS = ("passage_ids", "passage_mask")

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from service.models.builder.q4bin import QK, _Cursor
+from service.offline.builder.q4bin import QK, _Cursor
 
 _DTYPE_Q4_0 = 1
 _Q4_BLOCK_BYTES = 2 + QK // 2  # fp16 scale + 16 bytes of nibbles

@@ -15,7 +15,7 @@ import torch  # type: ignore[import-not-found, unused-ignore]  # the train extra
 import torch.nn.functional as F  # type: ignore[import-not-found, unused-ignore]  # the train extra
 from torch import nn  # type: ignore[import-not-found, unused-ignore]  # the train extra
 
-from service.models.builder.q4bin import BertConfig, BertWeights, LayerWeights
+from service.offline.builder.q4bin import BertConfig, BertWeights, LayerWeights
 
 
 class Layer(nn.Module):  # type: ignore[misc, unused-ignore]  # Any without the train extra

@@ -8,8 +8,8 @@ import fcntl
 import os
 from pathlib import Path
 
-from service.models.builder.e5 import _stderr, build_e5
-from service.models.builder.reranker import build_reranker, install_calibration
+from service.offline.builder.e5 import _stderr, build_e5
+from service.offline.builder.reranker import build_reranker, install_calibration
 
 MODELS_DIR_ENV = "RETRIEVAL_MODELS_DIR"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from service.models.builder import MODELS_DIR_ENV, build_all, default_models_dir
+from service.offline.builder import MODELS_DIR_ENV, build_all, default_models_dir
 
 
 def test_default_models_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

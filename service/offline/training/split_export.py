@@ -1,6 +1,6 @@
 """Export a trained split cross-encoder (``split.py``) as ONNX fp32 + int8 model dirs.
 
-    python -m service.models.training.split_export --weights .cache/split-run \\
+    python -m service.offline.training.split_export --weights .cache/split-run \\
         --out ~/.cache/retrieval-service/models/e5-small-split-reranker --pack .cache/train-pack
 
 Writes ``NAME-fp32/`` and ``NAME-int8/`` (model.onnx, tokenizer.json, manifest.json): the
@@ -25,8 +25,8 @@ import numpy as np
 import numpy.typing as npt
 
 from service.models.base import pad_rows
-from service.models.builder.split_graph import write_split_onnx
-from service.models.training.split import (
+from service.offline.builder.split_graph import write_split_onnx
+from service.offline.training.split import (
     PASSAGE_PREFIX,
     QUERY_PREFIX,
     WEIGHTS_FILE,
@@ -50,7 +50,7 @@ def write_graph(src: Any, layout: SplitLayout, tensors: dict[str, npt.NDArray[np
 
 def _valid_pairs(pack_dir: Path, layout: SplitLayout, prefixes: tuple[list[int], list[int]], questions: int,
                  depth: int) -> list[tuple[str, npt.NDArray[np.int64], list[npt.NDArray[np.int64]], npt.NDArray[np.bool_]]]:
-    from service.models.training.data import load_pack
+    from service.offline.training.data import load_pack
 
     pack = load_pack(pack_dir)
     keep = pack.vocab_keep.astype(np.int64)
@@ -121,11 +121,11 @@ def export(weights_dir: Path, out: Path, pack_dir: Path, tokenizer_dir: Path | N
     import torch
 
     from service.models._ort import make_session
-    from service.models.builder.e5 import SOURCE_FILE, SOURCE_PACKAGE, SOURCE_VERSION, source_bin
-    from service.models.builder.q4bin import read_e5_bin
+    from service.offline.builder.e5 import SOURCE_FILE, SOURCE_PACKAGE, SOURCE_VERSION, source_bin
+    from service.offline.builder.q4bin import read_e5_bin
     from service.models.manifest import MODEL_FILE, TOKENIZER_FILE, sha256_file, write_manifest
-    from service.models.training.pack import default_model_dir
-    from service.models.training.split import _prefix_ids, make_upper
+    from service.offline.training.pack import default_model_dir
+    from service.offline.training.split import _prefix_ids, make_upper
 
     meta = json.loads((weights_dir / WEIGHTS_META).read_text(encoding="utf-8"))
     layout = SplitLayout(**meta["layout"])
@@ -165,7 +165,7 @@ def export(weights_dir: Path, out: Path, pack_dir: Path, tokenizer_dir: Path | N
             logits = [run_session(session, q, ps, src.vocab.pad_id) for _, q, ps, _ in pairs]
             check: dict[str, Any] = {}
             if precision == "fp32":
-                from service.models.training.split import lower_session
+                from service.offline.training.split import lower_session
 
                 lower = lower_session(src, layout.lower, 2)
                 diffs = []
@@ -223,7 +223,7 @@ def export(weights_dir: Path, out: Path, pack_dir: Path, tokenizer_dir: Path | N
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m service.models.training.split_export", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m service.offline.training.split_export", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--weights", type=Path, required=True, help="the trainer's --out dir")
     p.add_argument("--out", type=Path, required=True, help="MODELS_DIR/NAME: writes NAME-fp32/ and NAME-int8/")
@@ -250,12 +250,12 @@ def ship(weights_dir: Path, pack_dir: Path, artifact: Path, models_dir: Path, *,
     import torch
 
     from service.models._ort import make_session
-    from service.models.builder.e5 import SOURCE_FILE, SOURCE_PACKAGE, SOURCE_VERSION, source_bin
-    from service.models.builder.q4bin import read_e5_bin
-    from service.models.builder.reranker import CARD_FILE, DELTA_FILE, assemble, save_delta
+    from service.offline.builder.e5 import SOURCE_FILE, SOURCE_PACKAGE, SOURCE_VERSION, source_bin
+    from service.offline.builder.q4bin import read_e5_bin
+    from service.offline.builder.reranker import CARD_FILE, DELTA_FILE, assemble, save_delta
     from service.models.manifest import TOKENIZER_FILE, sha256_file
-    from service.models.training.pack import default_model_dir
-    from service.models.training.split import _prefix_ids, lower_session, make_upper
+    from service.offline.training.pack import default_model_dir
+    from service.offline.training.split import _prefix_ids, lower_session, make_upper
 
     t0 = time.perf_counter()
     meta = json.loads((weights_dir / WEIGHTS_META).read_text(encoding="utf-8"))
@@ -295,7 +295,7 @@ def ship(weights_dir: Path, pack_dir: Path, artifact: Path, models_dir: Path, *,
                     "and calibration; the test split is never read",
             "data_licence": ("GPL-3.0, with the authors' request to use it for research only: this model was "
                              "trained on it; train on your own judgements instead with "
-                             "`python -m service.models.training.pack --judgements J --corpus C` (README)"),
+                             "`python -m service.offline.training.pack --judgements J --corpus C` (README)"),
             "pack": {k: pack_manifest.get(k) for k in ("langs", "seed", "settings")},
             "pack_stats": {lang: {k: v for k, v in st.items() if k != "dense"}
                            for lang, st in pack_manifest.get("stats", {}).items()},

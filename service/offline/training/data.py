@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from service.models.base import pad_rows
-from service.models.training.pack import DATA_FILE, MANIFEST_FILE
+from service.offline.training.pack import DATA_FILE, MANIFEST_FILE
 
 U16 = npt.NDArray[np.uint16]
 I64 = npt.NDArray[np.int64]

@@ -32,7 +32,7 @@ def _write_user_data(tmp: Path) -> tuple[Path, Path]:
 
 
 def _pack(tmp_path: Path, e5_int8_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    from service.models.training.pack import build_pack
+    from service.offline.training.pack import build_pack
 
     monkeypatch.setenv("RETRIEVAL_EMBEDDINGS_CACHE", str(tmp_path / "emb-cache"))
     pack_dir = tmp_path / "pack"
@@ -42,7 +42,7 @@ def _pack(tmp_path: Path, e5_int8_dir: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_pack_from_user_judgements_holds_out_valid(tmp_path: Path, e5_int8_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from service.models.training.data import load_pack
+    from service.offline.training.data import load_pack
 
     pack = load_pack(_pack(tmp_path, e5_int8_dir, monkeypatch))
     d = pack.langs["user"]
@@ -57,8 +57,8 @@ def test_pack_from_user_judgements_holds_out_valid(tmp_path: Path, e5_int8_dir: 
 def test_split_cache_train_resume_export_serve(tmp_path: Path, e5_int8_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torch", reason=TORCH_REASON)
     from service.models.onnx_cross_encoder import load_cross_encoder
-    from service.models.training.split import main as split_main
-    from service.models.training.split_export import export
+    from service.offline.training.split import main as split_main
+    from service.offline.training.split_export import export
 
     pack_dir = _pack(tmp_path, e5_int8_dir, monkeypatch)
     cache, out = tmp_path / "cache", tmp_path / "run"
@@ -95,7 +95,7 @@ def test_split_cache_train_resume_export_serve(tmp_path: Path, e5_int8_dir: Path
 
 def test_platt_fit_on_saturated_logits() -> None:
     """Raw reranker logits sit far from 0 (20 x cosine): the fit must not diverge there."""
-    from service.models.training.split_export import fit_platt
+    from service.offline.training.split_export import fit_platt
 
     rng = np.random.default_rng(0)
     labels = (rng.random(6000) < 0.03).astype(np.float64)

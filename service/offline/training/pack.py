@@ -1,6 +1,6 @@
 """Build the training pack: everything the trainer needs, small enough to carry to a GPU box.
 
-    python -m service.models.training.pack --out .cache/train-pack [--langs en,zh]
+    python -m service.offline.training.pack --out .cache/train-pack [--langs en,zh]
 
 Per language (InsuranceQA, full 27,413-answer corpus):
   (a) training groups for train-split questions: the judged positives plus a pool of hard
@@ -53,7 +53,7 @@ def _log(msg: str) -> None:
 
 
 def default_model_dir() -> Path:
-    from service.models.builder import default_models_dir
+    from service.offline.builder import default_models_dir
 
     return default_models_dir() / "multilingual-e5-small-int8"
 
@@ -244,8 +244,8 @@ def build_pack(
     from tokenizers import Tokenizer
 
     from service.eval.datasets import load_insuranceqa
-    from service.models.builder.e5 import SOURCE_FILE, SOURCE_PACKAGE, SOURCE_VERSION, source_bin
-    from service.models.training.backbone import read_raw, select_rows, write_raw
+    from service.offline.builder.e5 import SOURCE_FILE, SOURCE_PACKAGE, SOURCE_VERSION, source_bin
+    from service.offline.training.backbone import read_raw, select_rows, write_raw
 
     t_start = time.perf_counter()
     model_dir = model_dir or default_model_dir()
@@ -430,7 +430,7 @@ def build_pack(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m service.models.training.pack", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m service.offline.training.pack", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path(".cache/train-pack"))
     p.add_argument("--langs", default="en,zh")

@@ -19,7 +19,7 @@ import numpy.typing as npt
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from service.models.builder.q4bin import BertConfig, BertWeights, LayerWeights
+from service.offline.builder.q4bin import BertConfig, BertWeights, LayerWeights
 
 OPSET = 17
 Head = Literal["mean_l2", "cls_logit", "hidden"]  # hidden: last layer states [batch, seq, hidden]
@@ -151,7 +151,7 @@ def mean_l2(g: _Graph, x: str, mask: str, name: str | None = None) -> str:
 
 def finish(g: _Graph, name: str, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto]) -> onnx.ModelProto:
     graph = helper.make_graph(g.nodes, name, inputs, outputs, initializer=g.inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="service.models.builder")
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="service.offline.builder")
     model.ir_version = 8
     return model
 

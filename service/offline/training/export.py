@@ -1,6 +1,6 @@
 """Export trained reranker weights to servable ONNX model dirs (fp32 and int8).
 
-    python -m service.models.training.export --weights OUT --out MODELS_DIR/NAME [--pack .cache/train-pack]
+    python -m service.offline.training.export --weights OUT --out MODELS_DIR/NAME [--pack .cache/train-pack]
 
 Writes ``MODELS_DIR/NAME-fp32`` and ``MODELS_DIR/NAME-int8`` (``model.onnx``,
 ``tokenizer.json``, ``manifest.json`` with kind ``cross-encoder``), built with the same
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from service.models.training.train import WEIGHTS_INDEX
+from service.offline.training.train import WEIGHTS_INDEX
 
 PARITY_TOL = 1e-3
 SAMPLE_PAIRS: list[tuple[str, str]] = [
@@ -62,8 +62,8 @@ def build_torch(index: dict[str, Any], tensors: dict[str, np.ndarray], src: Any)
     """The trained torch model over the full vocabulary (eval mode, fp32)."""
     import torch  # type: ignore[import-not-found, unused-ignore]  # the train extra
 
-    from service.models.builder.q4bin import BertConfig, BertWeights
-    from service.models.training.model import CrossEncoder
+    from service.offline.builder.q4bin import BertConfig, BertWeights
+    from service.offline.training.model import CrossEncoder
 
     c = index["config"]
     cfg = BertConfig(**{**c, "vocab_size": src.config.vocab_size})
@@ -79,8 +79,8 @@ def build_torch(index: dict[str, Any], tensors: dict[str, np.ndarray], src: Any)
 def _write_onnx(cfg: Any, model: Any, src: Any, precision: str, path: Path, name: str) -> None:
     import onnx
 
-    from service.models.builder.bert_graph import GraphOptions, build_bert_graph
-    from service.models.builder.e5 import _optimize
+    from service.offline.builder.bert_graph import GraphOptions, build_bert_graph
+    from service.offline.builder.e5 import _optimize
 
     weights, cls_w, cls_b = model.to_bert_weights(src.weights.word, src.weights.token_type)
     options = GraphOptions(head="cls_logit", token_type_input=False, int8_word_embedding=precision == "int8",
@@ -97,7 +97,7 @@ def _write_onnx(cfg: Any, model: Any, src: Any, precision: str, path: Path, name
 
 def _pack_pairs(pack_dir: Path, max_len: int, n_questions: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per valid question of the pack: (ids [50, w] in the ORIGINAL vocab, mask)."""
-    from service.models.training.data import load_pack, pad, pair_ids
+    from service.offline.training.data import load_pack, pad, pair_ids
 
     pack = load_pack(pack_dir)
     out = []
@@ -114,12 +114,12 @@ def export(weights_dir: Path, out: Path, pack_dir: Path | None = None, tokenizer
     import torch  # type: ignore[import-not-found, unused-ignore]  # the train extra
 
     from service.models._ort import make_session
-    from service.models.builder.bert_graph import LOGITS_OUTPUT
-    from service.models.builder.e5 import SOURCE_FILE, SOURCE_PACKAGE, SOURCE_VERSION, source_bin
-    from service.models.builder.q4bin import BertConfig, read_e5_bin
+    from service.offline.builder.bert_graph import LOGITS_OUTPUT
+    from service.offline.builder.e5 import SOURCE_FILE, SOURCE_PACKAGE, SOURCE_VERSION, source_bin
+    from service.offline.builder.q4bin import BertConfig, read_e5_bin
     from service.models.manifest import MODEL_FILE, TOKENIZER_FILE, sha256_file, write_manifest
     from service.models.onnx_cross_encoder import load_cross_encoder
-    from service.models.training.pack import default_model_dir
+    from service.offline.training.pack import default_model_dir
 
     t0 = time.perf_counter()
     index, tensors = load_weights(weights_dir)
@@ -211,7 +211,7 @@ def export(weights_dir: Path, out: Path, pack_dir: Path | None = None, tokenizer
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m service.models.training.export", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m service.offline.training.export", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--weights", type=Path, required=True, help="the trainer's --out dir (weights-*.npz + weights.json)")
     p.add_argument("--out", type=Path, required=True, help="MODELS_DIR/NAME: writes NAME-fp32/ and NAME-int8/")
