@@ -33,37 +33,51 @@ import numpy as np
 import numpy.typing as npt
 
 from service.pipeline.fusion import is_cjk
-from service.pipeline.quality import CALIBRATION_VERSION, HYBRID_FEATURES, RERANK_FEATURES, Logistic, signals
+from service.pipeline.quality import CALIBRATION_VERSION, HYBRID_FEATURES, LEG_SETS, RERANK_FEATURES, Logistic, signals
 
 F64 = npt.NDArray[np.float64]
 ECE_BINS = 10
 
 
-def _rows_of(record: dict[str, Any], kind: str, top: int) -> list[tuple[dict[str, float], bool, int]]:
-    """(signals, is a judged answer, rank) of the top ``top`` items of one list."""
+Row = tuple[dict[str, float], bool, int]
+
+
+def _rows_of(record: dict[str, Any], kind: str, legs: str, top: int) -> list[Row]:
+    """(signals, is a judged answer, rank) of the top ``top`` items of one list, as serving
+    would see it: ``rerank`` = the reranked head in final order; ``hybrid`` with legs
+    ``both`` = the fused order, ``bm25`` / ``knn`` = that leg alone (its hits in its own
+    order, fused score = its RRF term, so relative to the best = (k + 1) / (k + rank))."""
     items = record["items"]
-    if kind == "hybrid":
-        items = sorted(items, key=lambda r: -r[3])  # the fused order
+    k = float(record.get("rrf_k", 60))
+    if kind == "rerank":
+        items = [r for r in items if r[4] is not None]
+    elif legs == "both":
+        items = sorted(items, key=lambda r: -r[3])
     else:
-        items = [r for r in items if r[4] is not None]  # the reranked head, in final order
+        col = 1 if legs == "bm25" else 2
+        items = sorted((r for r in items if r[col] is not None), key=lambda r: -r[col])
     relevant = set(record["relevant"])
     out = []
     for rank, (sid, bm25, dense, fused, rerank, _q) in enumerate(items[:top], start=1):
-        x = signals(dense_score=dense, bm25_score=bm25, fused_score=fused, max_fused=record["max_fused"],
-                    rerank_score=rerank if kind == "rerank" else None)
+        if kind == "hybrid" and legs != "both":
+            x = signals(dense_score=dense if legs == "knn" else None, bm25_score=bm25 if legs == "bm25" else None,
+                        fused_score=(k + 1) / (k + rank), max_fused=1.0)
+        else:
+            x = signals(dense_score=dense, bm25_score=bm25, fused_score=fused, max_fused=record["max_fused"],
+                        rerank_score=rerank if kind == "rerank" else None)
         out.append((x, sid in relevant, rank))
     return out
 
 
-def load_rows(paths: Sequence[Path], kind: str, top: int) -> dict[str, list[tuple[dict[str, float], bool, int]]]:
+def load_rows(paths: Sequence[Path], kind: str, top: int, legs: str = "both") -> dict[str, list[Row]]:
     """Rows per language ("en" / "cjk") from item dumps; degraded attempts are left out."""
-    by_lang: dict[str, list[tuple[dict[str, float], bool, int]]] = {"en": [], "cjk": []}
+    by_lang: dict[str, list[Row]] = {"en": [], "cjk": []}
     for path in paths:
         data: dict[str, Any] = json.loads(Path(path).read_text(encoding="utf-8"))
         for record in data.values():
             if record.get("degraded") or not record["items"]:
                 continue
-            by_lang["cjk" if is_cjk(record["query"]) else "en"] += _rows_of(record, kind, top)
+            by_lang["cjk" if is_cjk(record["query"]) else "en"] += _rows_of(record, kind, legs, top)
     return by_lang
 
 
@@ -121,29 +135,20 @@ def fit(train: Sequence[Path], valid: Sequence[Path], *, hybrid_sha: str, rerank
     for kind, features, sha in (("hybrid", HYBRID_FEATURES, hybrid_sha), ("rerank", RERANK_FEATURES, rerank_sha)):
         if not sha:
             continue
-        tr, va = load_rows(train, kind, top), load_rows(valid, kind, top)
         models: dict[str, Any] = {}
         src: dict[str, Any] = {}
-        for lang in ("en", "cjk"):
-            if not tr[lang]:
-                raise ValueError(f"no {lang} train rows for the {kind} calibration")
-            x, y = matrix(tr[lang], features)
-            model = fit_logistic(x, y, features, l2)
-            models[lang] = model.to_json()
-            res: dict[str, Any] = {"train_rows": len(y), "train_positive_rate": round(float(y.mean()), 4)}
-            if va[lang]:
-                xv, yv = matrix(va[lang], features)
-                pv = np.array([model.probability(dict(zip(features, row))) for row in xv])
-                top1 = np.array([r[2] == 1 for r in va[lang]])
-                e_all, _ = ece(pv, yv)
-                e_top, table = ece(pv[top1], yv[top1])
-                res.update({"valid_rows": len(yv), "ece_rows": round(e_all, 4), "ece_top1": round(e_top, 4),
-                            "valid_top1_accuracy": round(float(yv[top1].mean()), 4),
-                            "valid_top1_mean_p": round(float(pv[top1].mean()), 4), "reliability_top1": table})
-            src[lang] = res
+        for legs in (LEG_SETS if kind == "hybrid" else ("both",)):
+            tr, va = load_rows(train, kind, top, legs), load_rows(valid, kind, top, legs)
+            for lang in ("en", "cjk"):
+                key = f"{legs}/{lang}"
+                if not tr[lang]:
+                    raise ValueError(f"no {lang} train rows for the {kind} calibration ({legs})")
+                model = fit_logistic(*matrix(tr[lang], features), features, l2)
+                models[key] = model.to_json()
+                src[key] = _measure(model, tr[lang], va[lang], features)
         doc = {"version": CALIBRATION_VERSION, "kind": kind, "onnx_sha256": sha,
-               "label": report["label"], "rows_per_list": top, "l2": l2, "by_language": models,
-               "valid": {lang: {k: v for k, v in r.items() if k != "reliability_top1"} for lang, r in src.items()}}
+               "label": report["label"], "rows_per_list": top, "l2": l2, "models": models,
+               "valid": {key: {k: v for k, v in r.items() if k != "reliability_top1"} for key, r in src.items()}}
         (out / f"{kind}.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
         report["sources"][kind] = src
     (out / "calibration_report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
@@ -152,6 +157,21 @@ def fit(train: Sequence[Path], valid: Sequence[Path], *, hybrid_sha: str, rerank
     except ImportError:
         pass
     return report
+
+
+def _measure(model: Logistic, train: Sequence[Row], valid: Sequence[Row], features: Sequence[str]) -> dict[str, Any]:
+    _, y = matrix(train, features)
+    res: dict[str, Any] = {"train_rows": len(y), "train_positive_rate": round(float(y.mean()), 4)}
+    if valid:
+        xv, yv = matrix(valid, features)
+        pv = np.array([model.probability(dict(zip(features, row))) for row in xv])
+        top1 = np.array([r[2] == 1 for r in valid])
+        e_all, _ = ece(pv, yv)
+        e_top, table = ece(pv[top1], yv[top1])
+        res.update({"valid_rows": len(yv), "ece_rows": round(e_all, 4), "ece_top1": round(e_top, 4),
+                    "valid_top1_accuracy": round(float(yv[top1].mean()), 4),
+                    "valid_top1_mean_p": round(float(pv[top1].mean()), 4), "reliability_top1": table})
+    return res
 
 
 def reliability_plot(report: dict[str, Any], path: Path) -> None:
@@ -164,12 +184,14 @@ def reliability_plot(report: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(1, len(sources), figsize=(5 * len(sources), 4.6), squeeze=False)
     for ax, (kind, langs) in zip(axes[0], sources.items()):
         ax.plot([0, 1], [0, 1], color="grey", lw=1, ls="--", label="perfect")
-        for lang, res in langs.items():
+        for key, res in langs.items():
             table = res.get("reliability_top1", [])
             if not table:
                 continue
-            ax.plot([b["mean_p"] for b in table], [b["observed"] for b in table], marker="o",
-                    label=f"{lang}: ECE {res['ece_top1']:.3f} (top-1, n={sum(b['n'] for b in table)})")
+            both = key.startswith("both/")  # single-leg lists (one leg requested or failed) dotted
+            ax.plot([b["mean_p"] for b in table], [b["observed"] for b in table], marker="o" if both else ".",
+                    ls="-" if both else ":", lw=1.5 if both else 1.0,
+                    label=f"{key}: ECE {res['ece_top1']:.3f} (n={sum(b['n'] for b in table)})")
         name = {"hybrid": "HYBRID_CALIBRATED", "rerank": "RERANKER_PROBABILITY"}[kind]
         ax.set_title(f"{name}: valid top-1 reliability", fontsize=9)
         ax.set_xlabel("predicted probability the top item is a judged answer")

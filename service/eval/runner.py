@@ -306,14 +306,15 @@ def _request(query: str, mode: str, top_k: int) -> Any:
                                                min_quality=NO_QUALITY_GATE))
 
 
-def _max_fused(live: _Live, query: str) -> float:
-    """The best possible fused score for ``query`` on the server (both legs planned)."""
+def _fusion(live: _Live, query: str) -> dict[str, float]:
+    """The server's fusion for ``query``: its RRF k and the best possible fused score with
+    both legs (what the quality calibration normalises by)."""
     from service.config import load_config
     from service.pipeline.fusion import fusion_for, max_rrf_score
 
     cfg = live.app.cfg if live.app is not None else load_config(None)
     f = fusion_for(query, cfg)
-    return max_rrf_score([f.bm25_weight, f.knn_weight], f.rrf_k)
+    return {"max_fused": max_rrf_score([f.bm25_weight, f.knn_weight], f.rrf_k), "rrf_k": f.rrf_k}
 
 
 async def _run_mode(settings: EvalSettings, live: _Live, judged: Judged, model: str, mode: str
@@ -387,7 +388,7 @@ async def _run_mode(settings: EvalSettings, live: _Live, judged: Judged, model: 
         head_scores[qid] = head
         # Calibration rows: the top of the final order, plus (hybrid+rerank) every item that
         # was not reranked, so the fused order can be rebuilt for the hybrid calibration.
-        items[qid] = {**record, "query": query, "max_fused": _max_fused(live, query),
+        items[qid] = {**record, "query": query, **_fusion(live, query),
                       "relevant": sorted(judged.qrels.get(qid, {})), "items": rows}
 
     await asyncio.gather(*(one(qid, query) for qid, query in judged.queries.items()))

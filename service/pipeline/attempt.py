@@ -332,7 +332,9 @@ class AttemptRunner:
         reranked = await self._rerank(req, ranked, deadline, result)
 
         # 5. Quality, gate, relevance, budget.
-        sources = self.quality.assign_all(ranked, reranked=reranked, max_fused=max_fused, cjk=is_cjk(req.query))
+        legs_key, answered_max = self._answered(runs, fusion)
+        sources = self.quality.assign_all(ranked, reranked=reranked, max_fused=max_fused, cjk=is_cjk(req.query),
+                                          legs=legs_key, answered_max_fused=answered_max)
         min_quality = req.min_quality or cfg.min_quality
         gated = [c for c in ranked if c.quality >= min_quality]
         if not gated:
@@ -382,11 +384,24 @@ class AttemptRunner:
                    for r in runs if r.report.status is not LegStatus.SKIPPED]
         return max_rrf_score(weights, fusion.rrf_k)
 
+    @staticmethod
+    def _answered(runs: list[_LegRun], fusion: FusionParams) -> tuple[str, float]:
+        """Which legs answered (finished OK): "both", "bm25" or "knn", and the best fused
+        score they could give. Quality calibrations are fitted per leg set."""
+        ok = [r.report.kind for r in runs if r.report.status is LegStatus.OK]
+        if not ok:  # partial hits from legs that did not finish: judge them as planned
+            ok = [r.report.kind for r in runs if r.report.status is not LegStatus.SKIPPED]
+        weights = [fusion.bm25_weight if k is LegKind.BM25 else fusion.knn_weight for k in ok]
+        key = "both" if len(ok) == 2 else ("bm25" if ok == [LegKind.BM25] else "knn")
+        return key, max_rrf_score(weights, fusion.rrf_k)
+
     def _weak(self, candidates: list[Candidate], runs: list[_LegRun], fusion: FusionParams, query: str) -> bool:
         if not candidates:
             return True
         best = max(candidates, key=lambda c: c.fused_score)
-        self.quality.assign(best, reranked=False, max_fused=self._max_fused(runs, fusion), cjk=is_cjk(query))
+        legs_key, answered_max = self._answered(runs, fusion)
+        self.quality.assign(best, reranked=False, max_fused=self._max_fused(runs, fusion), cjk=is_cjk(query),
+                            legs=legs_key, answered_max_fused=answered_max)
         return best.quality < self.cfg.reference_threshold
 
     def _add_rerank_report(self, result: AttemptResultOut, status: LegStatus, detail: str, req: AttemptRequest) -> None:

@@ -44,6 +44,10 @@ CALIBRATION_VERSION = 1
 HYBRID_FEATURES = ("dense_cos", "has_dense", "bm25_log", "has_bm25", "fused_rel")
 RERANK_FEATURES = ("rerank_logit", *HYBRID_FEATURES)
 LANGUAGES = ("en", "cjk")  # cjk: queries with Han characters (same split as fusion_for)
+# Which legs the list came from: both, or one (requested alone, or the other failed). A
+# single-leg list has other signals (no agreement, fused score = that leg's rank), so the
+# hybrid calibration has one model per leg set; the rerank calibration has "both" only.
+LEG_SETS = ("both", "bm25", "knn")
 
 
 def signals(*, dense_score: float | None, bm25_score: float | None, fused_score: float, max_fused: float,
@@ -94,14 +98,17 @@ class Logistic:
 
 @dataclass(frozen=True)
 class Calibration:
-    """One source's per-language models, valid only for the model with ``onnx_sha256``."""
+    """One source's models per leg set and language ("both/en", "bm25/cjk", ...), valid only
+    for the model with ``onnx_sha256``."""
 
     kind: str  # "hybrid" | "rerank"
     onnx_sha256: str
-    by_language: dict[str, Logistic]
+    models: dict[str, Logistic]
 
-    def probability(self, x: Mapping[str, float], cjk: bool) -> float:
-        return self.by_language["cjk" if cjk else "en"].probability(x)
+    def probability(self, x: Mapping[str, float], cjk: bool, legs: str = "both") -> float:
+        lang = "cjk" if cjk else "en"
+        model = self.models.get(f"{legs}/{lang}") or self.models[f"both/{lang}"]
+        return model.probability(x)
 
 
 def parse_calibration(data: Mapping[str, Any], kind: str) -> Calibration:
@@ -109,8 +116,15 @@ def parse_calibration(data: Mapping[str, Any], kind: str) -> Calibration:
         raise ValueError(f"calibration version {data.get('version')} (expected {CALIBRATION_VERSION})")
     if data.get("kind") != kind:
         raise ValueError(f"calibration kind {data.get('kind')!r} (expected {kind!r})")
-    langs = {lang: Logistic.from_json(data["by_language"][lang]) for lang in LANGUAGES}
-    return Calibration(kind, str(data["onnx_sha256"]), langs)
+    models = {str(k): Logistic.from_json(v) for k, v in data["models"].items()}
+    for key in models:
+        legs, _, lang = key.partition("/")
+        if legs not in LEG_SETS or lang not in LANGUAGES:
+            raise ValueError(f"unknown calibration model {key!r}")
+    missing = [f"both/{lang}" for lang in LANGUAGES if f"both/{lang}" not in models]
+    if missing:
+        raise ValueError(f"calibration lacks {missing}")
+    return Calibration(kind, str(data["onnx_sha256"]), models)
 
 
 def load_calibration(model_dir: Path | None, kind: str, onnx_sha256: str) -> Calibration | None:
@@ -139,20 +153,27 @@ class QualityModel:
     hybrid: Calibration | None = None
     rerank: Calibration | None = None
 
-    def assign(self, c: Candidate, *, reranked: bool, max_fused: float, cjk: bool) -> QualitySource:
+    def assign(self, c: Candidate, *, reranked: bool, max_fused: float, cjk: bool, legs: str = "both",
+               answered_max_fused: float | None = None) -> QualitySource:
+        """``legs``: which legs answered ("both", "bm25" or "knn"); ``answered_max_fused``:
+        the best fused score those legs could give (the calibrations' scale); ``max_fused``:
+        the best over every planned leg (the uncalibrated fallback's scale, so a degraded
+        single-leg answer never looks perfect by rank alone)."""
+        scale = max_fused if answered_max_fused is None else answered_max_fused
         x = signals(dense_score=c.dense_score, bm25_score=c.bm25_score, fused_score=c.fused_score,
-                    max_fused=max_fused, rerank_score=c.rerank_score)
+                    max_fused=scale, rerank_score=c.rerank_score)
         if reranked and c.rerank_score is not None:
             if self.rerank is not None:
-                c.quality = self.rerank.probability(x, cjk)
+                c.quality = self.rerank.probability(x, cjk, legs)
             else:
                 c.quality = sigmoid(c.rerank_score)
             return QualitySource.RERANKER_PROBABILITY
         if self.hybrid is not None:
-            c.quality = self.hybrid.probability(x, cjk)
+            c.quality = self.hybrid.probability(x, cjk, legs)
             return QualitySource.HYBRID_CALIBRATED
         return assign_quality(c, reranked=reranked, max_fused=max_fused)
 
-    def assign_all(self, ranked: Sequence[Candidate], *, reranked: bool, max_fused: float,
-                   cjk: bool) -> list[QualitySource]:
-        return [self.assign(c, reranked=reranked, max_fused=max_fused, cjk=cjk) for c in ranked]
+    def assign_all(self, ranked: Sequence[Candidate], *, reranked: bool, max_fused: float, cjk: bool,
+                   legs: str = "both", answered_max_fused: float | None = None) -> list[QualitySource]:
+        return [self.assign(c, reranked=reranked, max_fused=max_fused, cjk=cjk, legs=legs,
+                            answered_max_fused=answered_max_fused) for c in ranked]

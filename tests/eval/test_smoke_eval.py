@@ -83,11 +83,11 @@ async def test_each_stage_earns_its_place(judged, tmp_path: Path) -> None:  # ty
 
 
 # -- the rerank stage -------------------------------------------------------------------
-# The trained reranker is a built artifact (~2 h on 2 CPU cores: `python -m service models
-# train-reranker`); a clean CI clone has none, so this stage runs where the default reranker
-# is built and gated (skipping loudly otherwise). Sample: 40 VALID questions per language
-# (the reranker trained on train), corpus = judged answers + 10 shipped negatives each +
-# random answers up to 1,000 documents.
+# The trained reranker ships as a committed delta that `make models` assembles (with its
+# gate file), so this stage runs on every install; it skips loudly only where the models
+# were not built, and fails under CI=true. Sample: 40 VALID questions per language (the
+# reranker trained on train), corpus = judged answers + 10 shipped negatives each + random
+# answers up to 1,000 documents.
 RERANK_QUESTIONS = 40
 # Measured with e5-small-split-reranker-int8 (gate alpha 0.7), nDCG@10:
 RERANK_MEASURED = {"en": {"hybrid": 0.6440, "hybrid+rerank": 0.7122},
@@ -102,14 +102,20 @@ def _gated_reranker() -> tuple[Path, float]:
 
     choice = resolve_reranker(dataclasses.replace(Config(), reranker_model="auto"))
     if choice.backend is None:
-        pytest.skip(f"RERANK SMOKE EVALUATION NOT RUN: {choice.reason}")
+        msg = f"RERANK SMOKE EVALUATION NOT RUN: {choice.reason}"
+        if _ci():
+            pytest.fail(msg + " (CI=true: make test builds the shipped reranker)")
+        pytest.skip(msg)
     return Config().models_dir / DEFAULT_RERANKER, choice.alpha
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
 async def test_rerank_earns_its_place(lang: str, tmp_path: Path) -> None:
     if not insuranceqa_available():
-        pytest.skip(f"RERANK SMOKE EVALUATION NOT RUN: {INSTALL_HINT}")
+        msg = f"RERANK SMOKE EVALUATION NOT RUN: {INSTALL_HINT}"
+        if _ci():
+            pytest.fail(msg + " (CI=true: the eval extra must be installed)")
+        pytest.skip(msg)
     reranker, alpha = _gated_reranker()
     full = load_insuranceqa("valid", lang).sample(RERANK_QUESTIONS, SEED)
     negatives = {q: ns[:NEGATIVES_PER_QUESTION] for q, ns in full.negatives.items()}

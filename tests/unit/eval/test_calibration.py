@@ -41,7 +41,8 @@ def _dump(path: Path, n: int, seed: int) -> None:
             rel = i == 0 and rng.random() < 0.6
             cos = 0.8 + (0.08 if rel else 0.0) + rng.gauss(0, 0.03)
             items.append([f"d{q}-{i}", rng.uniform(0, 20), cos, 1 / (10 + i + 1), 2.0 * (cos - 0.8) / 0.08 - 1, 0.0])
-        data[f"q{q}"] = {"query": "english question" if q % 2 else "中文问题", "max_fused": 1.3 / 11, "degraded": False,
+        data[f"q{q}"] = {"query": "english question" if q % 2 else "中文问题", "max_fused": 1.3 / 11, "rrf_k": 10,
+                         "degraded": False,
                          "relevant": [f"d{q}-0"] if items[0][2] > 0.84 else [], "items": items}
     path.write_text(json.dumps(data, ensure_ascii=False))
 
@@ -54,9 +55,11 @@ def test_fit_writes_calibrations_and_report(tmp_path: Path) -> None:
     for kind in ("hybrid", "rerank"):
         cal = parse_calibration(json.loads((tmp_path / "out" / f"{kind}.json").read_text()), kind)
         assert cal.onnx_sha256 == (kind[0] * 64)
-        for lang in ("en", "cjk"):
-            res = report["sources"][kind][lang]
+        for key in ("both/en", "both/cjk"):
+            res = report["sources"][kind][key]
             assert res["ece_top1"] < 0.1 and res["valid_rows"] > 0
+    assert {"bm25/en", "knn/cjk"} <= set(report["sources"]["hybrid"]) and set(report["sources"]["rerank"]) == {
+        "both/en", "both/cjk"}
     hybrid = parse_calibration(json.loads((tmp_path / "out" / "hybrid.json").read_text()), "hybrid")
     x = dict.fromkeys(HYBRID_FEATURES, 0.0) | {"has_dense": 1.0, "has_bm25": 1.0, "fused_rel": 1.0}
     assert hybrid.probability(x | {"dense_cos": 0.9}, False) > hybrid.probability(x | {"dense_cos": 0.75}, False)

@@ -31,7 +31,8 @@ def _logistic(features: tuple[str, ...], coef: float) -> dict[str, object]:
 def _doc(kind: str, sha: str) -> dict[str, object]:
     features = RERANK_FEATURES if kind == "rerank" else HYBRID_FEATURES
     return {"version": 1, "kind": kind, "onnx_sha256": sha,
-            "by_language": {"en": _logistic(features, 4.0), "cjk": _logistic(features, 2.0)}}
+            "models": {"both/en": _logistic(features, 4.0), "both/cjk": _logistic(features, 2.0),
+                       "bm25/en": _logistic(features, 1.0)}}
 
 
 def _candidate(distance: float | None, bm25: float | None, fused: float, rerank: float | None = None) -> Candidate:
@@ -53,6 +54,11 @@ def test_probability_is_logistic_per_language() -> None:
     assert model.assign(c, reranked=False, max_fused=0.2, cjk=False) is QualitySource.HYBRID_CALIBRATED
     assert c.quality == pytest.approx(1 / (1 + math.exp(-(-2.0 + 4.0 * 0.9))), rel=1e-6)
     model.assign(c, reranked=False, max_fused=0.2, cjk=True)
+    assert c.quality == pytest.approx(1 / (1 + math.exp(-(-2.0 + 2.0 * 0.9))), rel=1e-6)
+    # One leg answered: its own model where fitted ("bm25/en"), else the two-leg one.
+    model.assign(c, reranked=False, max_fused=0.2, cjk=False, legs="bm25", answered_max_fused=0.1)
+    assert c.quality == pytest.approx(1 / (1 + math.exp(-(-2.0 + 1.0 * 0.9))), rel=1e-6)
+    model.assign(c, reranked=False, max_fused=0.2, cjk=True, legs="knn")
     assert c.quality == pytest.approx(1 / (1 + math.exp(-(-2.0 + 2.0 * 0.9))), rel=1e-6)
     c.rerank_score = 1.5
     assert model.assign(c, reranked=True, max_fused=0.2, cjk=False) is QualitySource.RERANKER_PROBABILITY
@@ -76,8 +82,13 @@ def test_calibration_applies_only_to_its_model(tmp_path: Path) -> None:
     assert load_calibration(tmp_path / "missing", "hybrid", "abc") is None
     with pytest.raises(ValueError, match="kind"):
         load_calibration(tmp_path, "rerank", "abc")
+    partial = _doc("hybrid", "abc")
+    del partial["models"]["both/cjk"]  # type: ignore[attr-defined]
+    (tmp_path / CALIBRATION_FILE).write_text(json.dumps(partial))
+    with pytest.raises(ValueError, match="lacks"):
+        load_calibration(tmp_path, "hybrid", "abc")
     bad = _doc("hybrid", "abc")
-    bad["by_language"]["en"]["scale"] = [0.0] * len(HYBRID_FEATURES)  # type: ignore[index]
+    bad["models"]["both/en"]["scale"] = [0.0] * len(HYBRID_FEATURES)  # type: ignore[index]
     (tmp_path / CALIBRATION_FILE).write_text(json.dumps(bad))
     with pytest.raises(ValueError, match="invalid quality calibration"):
         load_calibration(tmp_path, "hybrid", "abc")
