@@ -135,7 +135,10 @@ do_fetch() {
   java="$(pick_java)"
   mkdir -p "$CACHE_DIR"
   tmp="$(mktemp -d "$CACHE_DIR/.unpack.XXXXXX")"
-  trap 'rm -rf "$tmp"' EXIT  # do_fetch runs in $(...): a subshell
+  # A global for the EXIT trap: it fires after this function returned, when the local is
+  # gone (under `set -u` that made a first, uncached fetch exit non-zero).
+  FETCH_TMP="$tmp"
+  trap 'rm -rf "${FETCH_TMP:-}"' EXIT  # do_fetch runs in $(...): a subshell
   unzip -q "$dist" -d "$tmp"
   local home="$tmp/opensearch-$VERSION"
   [[ -x "$home/bin/opensearch" ]] || die "unexpected layout in $dist"

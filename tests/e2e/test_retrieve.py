@@ -58,7 +58,8 @@ async def test_stream_shape_legs_then_evidence_then_exactly_one_result(demo: Liv
     fused = [e.fused_score for e in items]
     assert fused == sorted(fused, reverse=True)
     assert any(e.HasField("bm25_score") for e in items) and any(e.HasField("dense_score") for e in items)
-    assert result.quality_source == types_pb2.QUALITY_SOURCE_DENSE_DISTANCE
+    # The shipped hybrid calibration (make models installs it beside the e5 model).
+    assert result.quality_source == types_pb2.QUALITY_SOURCE_HYBRID_CALIBRATED
     assert result.relevance_level in (types_pb2.RELEVANCE_LEVEL_PRECISE, types_pb2.RELEVANCE_LEVEL_REFERENCE)
 
 
@@ -262,6 +263,6 @@ async def test_a_leg_left_out_by_request_is_skipped_not_failed(demo: Live) -> No
     found = result_of(await demo.retrieve(query="invoice pdf", top_k=2, options=bm25_only))
     assert found.outcome == types_pb2.ATTEMPT_OUTCOME_EVIDENCE_FOUND and not found.degraded
     assert legs_of(found)["LEG_KIND_KNN"] == "LEG_STATUS_SKIPPED"
-    assert found.quality_source == types_pb2.QUALITY_SOURCE_RANK_FALLBACK and found.top_quality == 1.0
+    assert found.quality_source == types_pb2.QUALITY_SOURCE_HYBRID_CALIBRATED and 0 < found.top_quality < 1
     nothing = result_of(await demo.retrieve(query="qzxjv wkpfy", top_k=2, options=bm25_only))
     assert nothing.outcome == types_pb2.ATTEMPT_OUTCOME_EMPTY and not nothing.degraded

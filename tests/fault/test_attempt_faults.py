@@ -79,7 +79,8 @@ async def test_a_stalled_vector_leg_degrades_to_lexical_evidence(start_server: S
     assert result.degraded and result.stopping_reason == "completed_degraded"
     assert legs_of(result)["LEG_KIND_KNN"] == "LEG_STATUS_TIMEOUT"
     assert evidence_of(events)[0].source_id == "kb-password-reset"
-    assert result.quality_source == types_pb2.QUALITY_SOURCE_RANK_FALLBACK
+    # Judged as a BM25-only list (the calibration's "bm25" model), not as a two-leg one.
+    assert result.quality_source == types_pb2.QUALITY_SOURCE_HYBRID_CALIBRATED
 
 
 async def test_a_failed_engine_is_backend_error(start_server: StartServer) -> None:

@@ -226,17 +226,23 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m service.offline.training.split_export", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--weights", type=Path, required=True, help="the trainer's --out dir")
-    p.add_argument("--out", type=Path, required=True, help="MODELS_DIR/NAME: writes NAME-fp32/ and NAME-int8/")
+    p.add_argument("--out", type=Path, required=True,
+                   help="MODELS_DIR/NAME: writes NAME-fp32/ and NAME-int8/ (with --ship: MODELS_DIR)")
     p.add_argument("--pack", type=Path, required=True)
     p.add_argument("--precisions", default="fp32,int8")
+    p.add_argument("--ship", type=Path, default=None, metavar="ARTIFACT",
+                   help="instead: write the compact artifact (delta + card) to ARTIFACT and assemble "
+                        "NAME-int8 into the models dir --out from it, as `make models` will")
+    p.add_argument("--command", default="", help="with --ship: the training command, for the model card")
     a = p.parse_args(argv)
+    if a.ship is not None:
+        card = ship(a.weights, a.pack, a.ship, a.out, command=a.command)
+        print(json.dumps(card["builds"], indent=2))
+        return 0
     report = export(a.weights, a.out, a.pack, precisions=tuple(s for s in a.precisions.split(",") if s))
     print(json.dumps(report, indent=2))
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
 
 
 def ship(weights_dir: Path, pack_dir: Path, artifact: Path, models_dir: Path, *, command: str = "",
@@ -340,3 +346,7 @@ def ship(weights_dir: Path, pack_dir: Path, artifact: Path, models_dir: Path, *,
     log(f"shipped {artifact} ({card['delta']['bytes'] / 1e6:.1f} MB delta) -> {built} in {time.perf_counter() - t0:.0f}s; "
         f"parity {parity}")
     return card
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
