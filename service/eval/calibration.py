@@ -174,6 +174,28 @@ def _measure(model: Logistic, train: Sequence[Row], valid: Sequence[Row], featur
     return res
 
 
+def answerable_curve(paths: Sequence[Path], calibration: dict[str, Any], thresholds: Sequence[float]
+                     ) -> dict[str, list[dict[str, float]]]:
+    """Per language: for each ``min_quality``, the share of questions whose top-1 is a judged
+    answer that keep EVIDENCE_FOUND, and the share of all questions that do (top-1 quality
+    from the shipped calibration applied to the recorded signals)."""
+    from service.pipeline.quality import parse_calibration
+
+    kind = str(calibration["kind"])
+    cal = parse_calibration(calibration, kind)
+    features = RERANK_FEATURES if kind == "rerank" else HYBRID_FEATURES
+    rows = load_rows(paths, kind, 1)
+    out: dict[str, list[dict[str, float]]] = {}
+    for lang, lrows in rows.items():
+        if not lrows:
+            continue
+        q = np.array([cal.probability({f: r[0][f] for f in features}, lang == "cjk") for r in lrows])
+        ok = np.array([r[1] for r in lrows])
+        out[lang] = [{"min_quality": t, "answerable_kept": round(float((q[ok] >= t).mean()), 4),
+                      "all_kept": round(float((q >= t).mean()), 4), "answerable": int(ok.sum())} for t in thresholds]
+    return out
+
+
 def reliability_plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -217,7 +239,15 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--out", type=Path, required=True)
     f.add_argument("--rows", type=int, default=3)
     f.add_argument("--l2", type=float, default=1.0)
+    c = sub.add_parser("curve", help="answerable questions kept per min_quality, from valid item dumps")
+    c.add_argument("--valid", type=Path, nargs="+", required=True)
+    c.add_argument("--calibration", type=Path, required=True, help="a fitted hybrid.json / rerank.json")
     a = p.parse_args(argv)
+    if a.cmd == "curve":
+        curve = answerable_curve(a.valid, json.loads(a.calibration.read_text(encoding="utf-8")),
+                                 (0.02, 0.05, 0.08, 0.1, 0.12, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75))
+        print(json.dumps(curve, indent=1))
+        return 0
     from service.models.manifest import read_manifest
 
     hybrid_sha = str(read_manifest(a.embedding_dir, "embedding")["onnx_sha256"])

@@ -497,7 +497,10 @@ async def evaluate_service(judged: Judged, settings: EvalSettings) -> dict[str, 
             await _stop(live)
     report = {
         "dataset": judged.stats(),
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(settings).items()},
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(settings).items()
+                     if k != "calibration"},
+        "calibration_sample": (None if settings.calibration is None
+                               else {"name": settings.calibration.name, "queries": len(settings.calibration.queries)}),
         "model_ids": model_ids,
         "ingest": ingests,
         "results": [dataclasses.asdict(r) for r in results],

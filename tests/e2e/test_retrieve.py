@@ -266,3 +266,17 @@ async def test_a_leg_left_out_by_request_is_skipped_not_failed(demo: Live) -> No
     assert found.quality_source == types_pb2.QUALITY_SOURCE_HYBRID_CALIBRATED and 0 < found.top_quality < 1
     nothing = result_of(await demo.retrieve(query="qzxjv wkpfy", top_k=2, options=bm25_only))
     assert nothing.outcome == types_pb2.ATTEMPT_OUTCOME_EMPTY and not nothing.degraded
+
+
+async def test_an_off_topic_question_says_nothing_here(demo: Live) -> None:
+    """Calibrated quality + the default min_quality: gibberish and questions from another
+    domain end INSUFFICIENT with no relevance level; a question the corpus answers keeps one."""
+    for query in ("zxqvj kplmw wrrtz qqjx", "what is the capital of mongolia", "蒙古的首都是哪里"):
+        result = result_of(await demo.retrieve(query=query, top_k=3))
+        assert result.outcome == types_pb2.ATTEMPT_OUTCOME_INSUFFICIENT, (query, result.top_quality)
+        assert result.relevance_level == types_pb2.RELEVANCE_LEVEL_UNSPECIFIED
+        assert result.quality_source == types_pb2.QUALITY_SOURCE_HYBRID_CALIBRATED
+        assert result.evidence_status == types_pb2.EVIDENCE_STATUS_NO_EVIDENCE
+    found = result_of(await demo.retrieve(query="how do I reset my password", top_k=3))
+    assert found.outcome == types_pb2.ATTEMPT_OUTCOME_EVIDENCE_FOUND
+    assert found.relevance_level in (types_pb2.RELEVANCE_LEVEL_PRECISE, types_pb2.RELEVANCE_LEVEL_REFERENCE)
