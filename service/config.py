@@ -60,7 +60,7 @@ class Config:
     # Negative: the alpha tuned on valid for the model (its gate file), else 1.0.
     rerank_alpha: float = -1.0
     rerank_max_length: int = 256
-    min_quality: float = 0.0
+    min_quality: float = 0.03
     precise_threshold: float = 0.75
     reference_threshold: float = 0.5
     max_context_chars: int = 6000

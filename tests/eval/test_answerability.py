@@ -38,7 +38,7 @@ QUESTIONS, CORPUS, SEED = 60, 1000, 0
 OFF_TOPIC_IQA = 15  # InsuranceQA questions per language asked of the demo corpus
 # Demo-corpus questions for the InsuranceQA knowledge base (product help, not insurance).
 DEMO_QUESTIONS = [q for q, _ in RANKING_CASES] + ["what is new in v2.4", "v2.4 SSO SAML", "how do I enable two-factor login"]
-CURVE = (0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5)
+CURVE = (0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5)
 
 
 def _ci() -> bool:
