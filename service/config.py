@@ -60,11 +60,15 @@ class Config:
     # Negative: the alpha tuned on valid for the model (its gate file), else 1.0.
     rerank_alpha: float = -1.0
     rerank_max_length: int = 256
-    min_quality: float = 0.03
+    min_quality: float = 0.0
     precise_threshold: float = 0.75
     reference_threshold: float = 0.5
     max_context_chars: int = 6000
     retry_unfiltered_keys: tuple[str, ...] = ("category",)
+    # A filtered attempt whose best candidate's quality (a calibrated probability) is below
+    # this retries once without those keys. Below reference_threshold: on the calibrated
+    # scale the hybrid alone seldom reaches 0.5 even when its top answer is right.
+    retry_unfiltered_below: float = 0.2
     admissible_statuses: tuple[str, ...] = ("approved",)
     # Runs.
     default_max_searches: int = 20

@@ -402,7 +402,7 @@ class AttemptRunner:
         legs_key, answered_max = self._answered(runs, fusion)
         self.quality.assign(best, reranked=False, max_fused=self._max_fused(runs, fusion), cjk=is_cjk(query),
                             legs=legs_key, answered_max_fused=answered_max)
-        return best.quality < self.cfg.reference_threshold
+        return best.quality < self.cfg.retry_unfiltered_below
 
     def _add_rerank_report(self, result: AttemptResultOut, status: LegStatus, detail: str, req: AttemptRequest) -> None:
         if req.rerank is False:

@@ -60,7 +60,7 @@ async def test_stream_shape_legs_then_evidence_then_exactly_one_result(demo: Liv
     assert any(e.HasField("bm25_score") for e in items) and any(e.HasField("dense_score") for e in items)
     # The shipped hybrid calibration (make models installs it beside the e5 model).
     assert result.quality_source == types_pb2.QUALITY_SOURCE_HYBRID_CALIBRATED
-    assert result.relevance_level in (types_pb2.RELEVANCE_LEVEL_PRECISE, types_pb2.RELEVANCE_LEVEL_REFERENCE)
+    assert 0 < result.top_quality < 1  # a probability now, not 1 - L2/2
 
 
 async def test_every_response_carries_timing_trailers(demo: Live) -> None:
@@ -82,7 +82,7 @@ async def test_lookup_is_the_agent_projection_without_scores(demo: Live) -> None
     assert data["returned_count"] == len(data["evidence"]) == 2
     assert set(data["evidence"][0]) == {"document_id", "source", "title", "breadcrumb", "excerpt"}
     assert data["evidence"][0]["source"] == "faq-change-email"
-    assert "relevance_level" in data
+    assert data.get("relevance_level") in (None, "RELEVANCE_LEVEL_PRECISE", "RELEVANCE_LEVEL_REFERENCE")
     text = json.dumps(data)
     for forbidden in ("score", "quality", "threshold", "latency", "legs"):
         assert forbidden not in text
@@ -268,15 +268,19 @@ async def test_a_leg_left_out_by_request_is_skipped_not_failed(demo: Live) -> No
     assert nothing.outcome == types_pb2.ATTEMPT_OUTCOME_EMPTY and not nothing.degraded
 
 
-async def test_an_off_topic_question_says_nothing_here(demo: Live) -> None:
-    """Calibrated quality + the default min_quality: gibberish and questions from another
-    domain end INSUFFICIENT with no relevance level; a question the corpus answers keeps one."""
+async def test_an_off_topic_question_scores_far_below_an_answerable_one(demo: Live) -> None:
+    """Calibrated quality on the clean demo corpus: gibberish and questions from another
+    domain get no relevance level and a quality far below a question the corpus answers, so
+    a caller's quality gate refuses them (INSUFFICIENT) and keeps the answerable one. (The
+    default min_quality is still 0: see README "Relevance and quality" for why.)"""
+    gate = retrieval_pb2.RetrievalOptions(min_quality=0.1)
+    found = result_of(await demo.retrieve(query="how do I reset my password", top_k=3, options=gate))
+    assert found.outcome == types_pb2.ATTEMPT_OUTCOME_EVIDENCE_FOUND, found.top_quality
     for query in ("zxqvj kplmw wrrtz qqjx", "what is the capital of mongolia", "蒙古的首都是哪里"):
-        result = result_of(await demo.retrieve(query=query, top_k=3))
-        assert result.outcome == types_pb2.ATTEMPT_OUTCOME_INSUFFICIENT, (query, result.top_quality)
-        assert result.relevance_level == types_pb2.RELEVANCE_LEVEL_UNSPECIFIED
-        assert result.quality_source == types_pb2.QUALITY_SOURCE_HYBRID_CALIBRATED
-        assert result.evidence_status == types_pb2.EVIDENCE_STATUS_NO_EVIDENCE
-    found = result_of(await demo.retrieve(query="how do I reset my password", top_k=3))
-    assert found.outcome == types_pb2.ATTEMPT_OUTCOME_EVIDENCE_FOUND
-    assert found.relevance_level in (types_pb2.RELEVANCE_LEVEL_PRECISE, types_pb2.RELEVANCE_LEVEL_REFERENCE)
+        plain = result_of(await demo.retrieve(query=query, top_k=3))
+        assert plain.relevance_level == types_pb2.RELEVANCE_LEVEL_UNSPECIFIED, (query, plain.top_quality)
+        assert plain.quality_source == types_pb2.QUALITY_SOURCE_HYBRID_CALIBRATED
+        assert plain.top_quality < found.top_quality / 4, (query, plain.top_quality, found.top_quality)
+        gated = result_of(await demo.retrieve(query=query, top_k=3, options=gate))
+        assert gated.outcome == types_pb2.ATTEMPT_OUTCOME_INSUFFICIENT, (query, gated.top_quality)
+        assert gated.evidence_status == types_pb2.EVIDENCE_STATUS_NO_EVIDENCE
