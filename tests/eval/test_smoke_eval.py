@@ -89,10 +89,10 @@ async def test_each_stage_earns_its_place(judged, tmp_path: Path) -> None:  # ty
 # reranker trained on train), corpus = judged answers + 10 shipped negatives each + random
 # answers up to 1,000 documents.
 RERANK_QUESTIONS = 40
-# Measured with e5-small-split-reranker-int8 (gate alpha 0.7), nDCG@10:
-RERANK_MEASURED = {"en": {"hybrid": 0.6440, "hybrid+rerank": 0.7122},
-                   "zh": {"hybrid": 0.5581, "hybrid+rerank": 0.6208}}
-# Rerank must add at least this over hybrid (measured +0.068 en, +0.063 zh).
+# Measured with the shipped e5-small-split-reranker-int8 (gate alpha 0.5), nDCG@10:
+RERANK_MEASURED = {"en": {"hybrid": 0.6505, "hybrid+rerank": 0.6995},
+                   "zh": {"hybrid": 0.5603, "hybrid+rerank": 0.6073}}
+# Rerank must add at least this over hybrid (measured +0.049 en, +0.047 zh).
 RERANK_MARGIN = 0.02
 
 
