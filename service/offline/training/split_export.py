@@ -43,6 +43,14 @@ def _log(msg: str) -> None:
     print(f"[split-export] {msg}", file=sys.stderr, flush=True)
 
 
+def load_run(weights_dir: Path) -> tuple[dict[str, Any], SplitLayout, int, dict[str, npt.NDArray[np.float32]]]:
+    """A trainer run's metadata, layout, upper-layer count and tensors (fp32)."""
+    meta = json.loads((weights_dir / WEIGHTS_META).read_text(encoding="utf-8"))
+    with np.load(weights_dir / WEIGHTS_FILE) as z:
+        tensors = {k: z[k].astype(np.float32) for k in z.files}
+    return meta, SplitLayout(**meta["layout"]), int(meta["upper"]), tensors
+
+
 def write_graph(src: Any, layout: SplitLayout, tensors: dict[str, npt.NDArray[np.float32]], n_upper: int,
                 precision: str, path: Path, name: str) -> None:
     write_split_onnx(src, layout.lower, tensors, n_upper, precision, str(path), name)
@@ -127,11 +135,7 @@ def export(weights_dir: Path, out: Path, pack_dir: Path, tokenizer_dir: Path | N
     from service.offline.training.pack import default_model_dir
     from service.offline.training.split import _prefix_ids, make_upper
 
-    meta = json.loads((weights_dir / WEIGHTS_META).read_text(encoding="utf-8"))
-    layout = SplitLayout(**meta["layout"])
-    n_upper = int(meta["upper"])
-    with np.load(weights_dir / WEIGHTS_FILE) as z:
-        tensors = {k: z[k].astype(np.float32) for k in z.files}
+    meta, layout, n_upper, tensors = load_run(weights_dir)
     bin_path = source_bin()
     src = read_e5_bin(bin_path)
     tok_dir = tokenizer_dir or default_model_dir()
@@ -264,11 +268,7 @@ def ship(weights_dir: Path, pack_dir: Path, artifact: Path, models_dir: Path, *,
     from service.offline.training.split import _prefix_ids, lower_session, make_upper
 
     t0 = time.perf_counter()
-    meta = json.loads((weights_dir / WEIGHTS_META).read_text(encoding="utf-8"))
-    layout = SplitLayout(**meta["layout"])
-    n_upper = int(meta["upper"])
-    with np.load(weights_dir / WEIGHTS_FILE) as z:
-        tensors = {k: z[k].astype(np.float32) for k in z.files}
+    meta, layout, n_upper, tensors = load_run(weights_dir)
     bin_path = source_bin()
     src = read_e5_bin(bin_path)
     prefixes = _prefix_ids(default_model_dir() / TOKENIZER_FILE)
