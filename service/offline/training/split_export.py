@@ -79,6 +79,19 @@ def run_session(session: Any, q: npt.NDArray[np.int64], ps: list[npt.NDArray[np.
     return np.asarray(out, dtype=np.float32).reshape(-1)
 
 
+def torch_logits(model: Any, lower: Any, q: npt.NDArray[np.int64], ps: list[npt.NDArray[np.int64]]) -> list[float]:
+    """Reference logits: the torch upper part over ORT lower-layer states of the same ids,
+    one pair at a time (no padding), to check an exported graph against."""
+    import torch
+
+    def states(ids: npt.NDArray[np.int64]) -> Any:
+        return torch.from_numpy(lower.run(None, {"input_ids": ids[None], "attention_mask": np.ones((1, len(ids)), np.int64)})[0])
+
+    qs, qm = states(q), torch.ones(1, len(q), dtype=torch.long)
+    with torch.no_grad():
+        return [float(model(qs, qm, states(p), torch.ones(1, len(p), dtype=torch.long))) for p in ps]
+
+
 def fit_platt(logits: npt.NDArray[np.float64], labels: npt.NDArray[np.float64], iters: int = 100) -> tuple[float, float]:
     """(a, c) minimising the log loss of sigmoid(a * logit + c) against 0/1 labels: Newton on
     standardised logits from the base rate (raw logits saturate the sigmoid and diverge)."""
@@ -174,13 +187,7 @@ def export(weights_dir: Path, out: Path, pack_dir: Path, tokenizer_dir: Path | N
                 lower = lower_session(src, layout.lower, 2)
                 diffs = []
                 for (_, q, ps, _), got in zip(pairs, logits):
-                    qs = lower.run(None, {"input_ids": q[None], "attention_mask": np.ones((1, len(q)), np.int64)})[0]
-                    ref = []
-                    for p in ps:
-                        pst = lower.run(None, {"input_ids": p[None], "attention_mask": np.ones((1, len(p)), np.int64)})[0]
-                        with torch.no_grad():
-                            ref.append(float(model(torch.from_numpy(qs), torch.ones(1, len(q), dtype=torch.long),
-                                                   torch.from_numpy(pst), torch.ones(1, len(p), dtype=torch.long))))
+                    ref = torch_logits(model, lower, q, ps)
                     diffs.append(float(np.abs(np.array(ref) - got).max()))
                 check["max_abs_diff_vs_torch"] = max(diffs)
                 if max(diffs) > 1e-3:
@@ -326,13 +333,7 @@ def ship(weights_dir: Path, pack_dir: Path, artifact: Path, models_dir: Path, *,
     agree, corr = [], []
     for _, q, ps, _ in _valid_pairs(pack_dir, layout, prefixes, parity_questions, 20):
         got = run_session(session, q, ps, src.vocab.pad_id)
-        qs = lower.run(None, {"input_ids": q[None], "attention_mask": np.ones((1, len(q)), np.int64)})[0]
-        ref = []
-        for p in ps:
-            pst = lower.run(None, {"input_ids": p[None], "attention_mask": np.ones((1, len(p)), np.int64)})[0]
-            with torch.no_grad():
-                ref.append(float(model(torch.from_numpy(qs), torch.ones(1, len(q), dtype=torch.long),
-                                       torch.from_numpy(pst), torch.ones(1, len(p), dtype=torch.long))))
+        ref = torch_logits(model, lower, q, ps)
         agree.append(int(np.argmax(got) == np.argmax(ref)))
         corr.append(float(np.corrcoef(got, ref)[0, 1]))
     parity = {"top1_agreement_int8_vs_torch": round(float(np.mean(agree)), 4),
