@@ -60,6 +60,10 @@ class Config:
     # Negative: the alpha tuned on valid for the model (its gate file), else 1.0.
     rerank_alpha: float = -1.0
     rerank_max_length: int = 256
+    # The quality gate for requests that set none (below it: INSUFFICIENT). 0: the
+    # calibrations' "nothing here" gate (per leg set and language, fitted against off-domain
+    # questions), which keeps the whole list when any item reaches it; a value in (0, 1]
+    # filters items instead (1e-9: practically no gate).
     min_quality: float = 0.0
     precise_threshold: float = 0.75
     reference_threshold: float = 0.5

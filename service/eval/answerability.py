@@ -13,10 +13,14 @@ test corpus's questions: demo <-> InsuranceQA), and seeded gibberish, in English
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from service.eval.datasets import Judged
 
 # General-knowledge questions no product or insurance knowledge base answers.
 GENERAL_OFF_TOPIC: dict[str, tuple[str, ...]] = {
@@ -64,6 +68,24 @@ def gibberish(n: int, lang: str, seed: int = 0) -> list[str]:
             out.append(" ".join("".join(rng.choice("bcdfghjklmnpqrstvwxzaeiouy") for _ in range(rng.randint(4, 7)))
                                 for _ in range(rng.randint(3, 5))))
     return out
+
+
+OFF_DOMAIN_TRAIN = Path(__file__).with_name("data") / "off_domain_train.json"
+TEST_GIBBERISH_SEED = 0  # the answerability test's; training gibberish uses other seeds
+
+
+def off_domain_training(gibberish_per_lang: int = 20, seeds: Sequence[int] = (1, 2)) -> Judged:
+    """The calibration's 'nothing here' negatives: the shipped off-domain questions (en and
+    zh) and seeded gibberish, as an unjudged set (no relevant answer for any question).
+    Disjoint from what the answerability test asks."""
+    data = json.loads(OFF_DOMAIN_TRAIN.read_text(encoding="utf-8"))
+    questions = [*data["en"], *data["zh"]]
+    for seed in seeds:
+        assert seed != TEST_GIBBERISH_SEED
+        for lang in ("en", "zh"):
+            questions += gibberish(gibberish_per_lang, lang, seed)
+    queries = {f"off-{i:04d}": q for i, q in enumerate(questions)}
+    return Judged(name="off-domain-train", corpus={}, queries=queries, qrels={q: set() for q in queries})
 
 
 @dataclass

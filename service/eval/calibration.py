@@ -33,7 +33,14 @@ import numpy as np
 import numpy.typing as npt
 
 from service.pipeline.fusion import is_cjk
-from service.pipeline.quality import CALIBRATION_VERSION, HYBRID_FEATURES, LEG_SETS, RERANK_FEATURES, Logistic, signals
+from service.pipeline.quality import (
+    CALIBRATION_VERSION,
+    HYBRID_FEATURES,
+    LEG_SETS,
+    RERANK_FEATURES,
+    Logistic,
+    signals,
+)
 
 F64 = npt.NDArray[np.float64]
 ECE_BINS = 10
@@ -46,22 +53,30 @@ def _rows_of(record: dict[str, Any], kind: str, legs: str, top: int) -> list[Row
     """(signals, is a judged answer, rank) of the top ``top`` items of one list, as serving
     would see it: ``rerank`` = the reranked head in final order; ``hybrid`` with legs
     ``both`` = the fused order, ``bm25`` / ``knn`` = that leg alone (its hits in its own
-    order, fused score = its RRF term, so relative to the best = (k + 1) / (k + rank))."""
-    items = record["items"]
+    order, fused score = its RRF term, so relative to the best = (k + 1) / (k + rank)).
+    ``rerank`` with one leg: the reranked items that leg found, with the other leg's signals
+    removed and the fused score of that leg's rank (the dump's head was chosen by both legs:
+    an approximation of a single-leg head)."""
+    all_items = record["items"]
     k = float(record.get("rrf_k", 60))
+    col = 1 if legs == "bm25" else 2
+    leg_rank: dict[str, int] = {}
+    if legs != "both":
+        in_leg = sorted((r for r in all_items if r[col] is not None), key=lambda r: -r[col])
+        leg_rank = {r[0]: i for i, r in enumerate(in_leg, start=1)}
     if kind == "rerank":
-        items = [r for r in items if r[4] is not None]
+        items = [r for r in all_items if r[4] is not None and (legs == "both" or r[0] in leg_rank)]
     elif legs == "both":
-        items = sorted(items, key=lambda r: -r[3])
+        items = sorted(all_items, key=lambda r: -r[3])
     else:
-        col = 1 if legs == "bm25" else 2
-        items = sorted((r for r in items if r[col] is not None), key=lambda r: -r[col])
+        items = in_leg
     relevant = set(record["relevant"])
     out = []
     for rank, (sid, bm25, dense, fused, rerank, _q) in enumerate(items[:top], start=1):
-        if kind == "hybrid" and legs != "both":
+        if legs != "both":
             x = signals(dense_score=dense if legs == "knn" else None, bm25_score=bm25 if legs == "bm25" else None,
-                        fused_score=(k + 1) / (k + rank), max_fused=1.0)
+                        fused_score=(k + 1) / (k + leg_rank[sid]), max_fused=1.0,
+                        rerank_score=rerank if kind == "rerank" else None)
         else:
             x = signals(dense_score=dense, bm25_score=bm25, fused_score=fused, max_fused=record["max_fused"],
                         rerank_score=rerank if kind == "rerank" else None)
@@ -126,18 +141,44 @@ def ece(p: F64, y: F64, bins: int = ECE_BINS) -> tuple[float, list[dict[str, flo
     return float(total), table
 
 
+GATE_RULE = ("per model (leg set and language; none for BM25 alone), the min_quality on a 0.005 grid that maximises min(valid answerable questions "
+             "kept, off-domain questions refused); ties: the lowest")
+GATE_GRID = tuple(round(0.005 * i, 3) for i in range(1, 61))
+
+
+def choose_gates(valid: Sequence[Path], off_domain: Sequence[Path], kind: str, models: dict[str, Any]
+                 ) -> dict[str, float]:
+    gates = {}
+    # No gate for BM25-only lists: BM25 scores scale with the corpus (IDF over its size), so
+    # a threshold fitted on one corpus misjudges a small one; BM25 alone answers EMPTY when
+    # no term matches, and the quality still says how weak a match is.
+    for legs in ("both", "knn"):
+        curves = gate_curve(valid, off_domain, {"version": CALIBRATION_VERSION, "kind": kind, "onnx_sha256": "",
+                                                "models": models}, GATE_GRID, legs)
+        for lang, rows in curves.items():
+            gates[f"{legs}/{lang}"] = max(
+                rows, key=lambda r: (min(r["answerable_kept"], r["off_domain_refused"]), -r["min_quality"]))["min_quality"]
+    return gates
+
+
+GATE_CURVE = (0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.12, 0.15, 0.2)
+
+
 def fit(train: Sequence[Path], valid: Sequence[Path], *, hybrid_sha: str, rerank_sha: str, out: Path,
-        top: int = 3, l2: float = 1.0) -> dict[str, Any]:
+        top: int = 3, l2: float = 1.0, off_domain: Sequence[Path] = ()) -> dict[str, Any]:
+    """``off_domain``: item dumps of unjudged off-domain questions (``service eval
+    --off-domain``), fitted as negatives beside ``train`` (every item is a miss)."""
     out.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"label": "item is a judged answer (InsuranceQA)", "rows_per_list": top,
-                              "fitted_on": [str(p) for p in train], "measured_on": [str(p) for p in valid],
-                              "sources": {}}
+    train = [*train, *off_domain]
+    report: dict[str, Any] = {"label": "item is a judged answer (InsuranceQA); off-domain questions: none is",
+                              "rows_per_list": top, "fitted_on": [str(p) for p in train],
+                              "measured_on": [str(p) for p in valid], "sources": {}, "gate": {}}
     for kind, features, sha in (("hybrid", HYBRID_FEATURES, hybrid_sha), ("rerank", RERANK_FEATURES, rerank_sha)):
         if not sha:
             continue
         models: dict[str, Any] = {}
         src: dict[str, Any] = {}
-        for legs in (LEG_SETS if kind == "hybrid" else ("both",)):
+        for legs in LEG_SETS:
             tr, va = load_rows(train, kind, top, legs), load_rows(valid, kind, top, legs)
             for lang in ("en", "cjk"):
                 key = f"{legs}/{lang}"
@@ -148,9 +189,13 @@ def fit(train: Sequence[Path], valid: Sequence[Path], *, hybrid_sha: str, rerank
                 src[key] = _measure(model, tr[lang], va[lang], features)
         doc = {"version": CALIBRATION_VERSION, "kind": kind, "onnx_sha256": sha,
                "label": report["label"], "rows_per_list": top, "l2": l2, "models": models,
+               **({"gate": choose_gates(valid, off_domain, kind, models), "gate_rule": GATE_RULE}
+                  if valid and off_domain else {}),
                "valid": {key: {k: v for k, v in r.items() if k != "reliability_top1"} for key, r in src.items()}}
         (out / f"{kind}.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
         report["sources"][kind] = src
+        if valid and off_domain:
+            report["gate"][kind] = gate_curve(valid, off_domain, doc, GATE_CURVE)
     (out / "calibration_report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     try:
         reliability_plot(report, out / "reliability.png")
@@ -196,6 +241,33 @@ def answerable_curve(paths: Sequence[Path], calibration: dict[str, Any], thresho
     return out
 
 
+def gate_curve(valid: Sequence[Path], off_domain: Sequence[Path], calibration: dict[str, Any],
+               thresholds: Sequence[float], legs: str = "both") -> dict[str, list[dict[str, float]]]:
+    """Per language, for each ``min_quality``: valid questions whose top-1 is a judged answer
+    that keep EVIDENCE_FOUND, and off-domain questions refused (their top-1 below it). The
+    off-domain questions are the fitted ones (in sample): the held-out check is
+    tests/eval/test_answerability.py."""
+    from service.pipeline.quality import parse_calibration
+
+    kind = str(calibration["kind"])
+    cal = parse_calibration(calibration, kind)
+    features = RERANK_FEATURES if kind == "rerank" else HYBRID_FEATURES
+
+    def top1(paths: Sequence[Path]) -> dict[str, list[tuple[float, bool]]]:
+        return {lang: [(cal.probability({f: r[0][f] for f in features}, lang == "cjk", legs), r[1]) for r in rows]
+                for lang, rows in load_rows(paths, kind, 1, legs).items()}
+
+    answerable, off = top1(valid), top1(off_domain)
+    out: dict[str, list[dict[str, float]]] = {}
+    for lang in ("en", "cjk"):
+        ok = [q for q, hit in answerable[lang] if hit]
+        neg = [q for q, _ in off[lang]]
+        if ok and neg:
+            out[lang] = [{"min_quality": t, "answerable_kept": round(sum(q >= t for q in ok) / len(ok), 4),
+                          "off_domain_refused": round(sum(q < t for q in neg) / len(neg), 4)} for t in thresholds]
+    return out
+
+
 def reliability_plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -234,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     f = sub.add_parser("fit")
     f.add_argument("--train", type=Path, nargs="+", required=True)
     f.add_argument("--valid", type=Path, nargs="*", default=[])
+    f.add_argument("--off-domain", type=Path, nargs="*", default=[],
+                   help="item dumps of off-domain questions (service eval --off-domain): fitted as negatives")
     f.add_argument("--embedding-dir", type=Path, required=True, help="the embedding model dir the runs used")
     f.add_argument("--reranker-dir", type=Path, default=None, help="the reranker dir the runs used")
     f.add_argument("--out", type=Path, required=True)
@@ -252,11 +326,17 @@ def main(argv: list[str] | None = None) -> int:
 
     hybrid_sha = str(read_manifest(a.embedding_dir, "embedding")["onnx_sha256"])
     rerank_sha = str(read_manifest(a.reranker_dir, "cross-encoder")["onnx_sha256"]) if a.reranker_dir else ""
-    report = fit(a.train, a.valid, hybrid_sha=hybrid_sha, rerank_sha=rerank_sha, out=a.out, top=a.rows, l2=a.l2)
+    report = fit(a.train, a.valid, hybrid_sha=hybrid_sha, rerank_sha=rerank_sha, out=a.out, top=a.rows, l2=a.l2,
+                 off_domain=a.off_domain)
     for kind, langs in report["sources"].items():
         for lang, res in langs.items():
             print(f"{kind:7s} {lang:4s} " + ", ".join(f"{k} {v}" for k, v in res.items() if k != "reliability_top1"),
                   file=sys.stderr)
+    for kind, langs in report["gate"].items():
+        for lang, rows in langs.items():
+            print(f"gate {kind:7s} {lang:4s} " + "  ".join(
+                f"{r['min_quality']}:{r['answerable_kept']:.2f}/{r['off_domain_refused']:.2f}" for r in rows),
+                file=sys.stderr)
     print(json.dumps({"out": str(a.out)}))
     return 0
 

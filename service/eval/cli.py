@@ -54,6 +54,10 @@ def add_eval_parser(sub: Any) -> None:
     e.add_argument("--calibration-sample", type=int, default=0,
                    help="also run N train questions on the same server and save their item signals "
                         "for quality calibration (python -m service.eval.calibration fit)")
+    e.add_argument("--off-domain", action="store_true",
+                   help="also run the shipped off-domain training questions (service/eval/data, en + zh, "
+                        "plus seeded gibberish) on the same server and save their item signals: the "
+                        "calibration's 'nothing here' negatives")
     e.add_argument("--out", default="eval-out")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--no-plots", action="store_true")
@@ -86,6 +90,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
             return 2
         # Train questions over the same corpus (InsuranceQA's splits share one answer pool).
         calibration = load_insuranceqa("train", args.lang).sample(args.calibration_sample, args.seed)
+    off_domain = None
+    if args.off_domain:
+        from service.eval.answerability import off_domain_training
+        off_domain = off_domain_training()
     settings = EvalSettings(
         out=Path(args.out), modes=args.modes, models=args.models, reranker=args.reranker,
         engine=args.engine, opensearch_url=args.opensearch_url, target=args.target, top_k=args.top_k,
@@ -94,7 +102,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         full_split=(args.split == "valid" and not args.judgements and args.sample is None and args.corpus_sample is None),
         full_corpus=(args.split == "valid" and not args.judgements and args.corpus_sample is None),
         chunk_chars=args.chunk_chars, timeout_s=args.timeout, concurrency=args.concurrency,
-        plots=not args.no_plots, quiet=args.quiet, calibration=calibration,
+        plots=not args.no_plots, quiet=args.quiet, calibration=calibration, off_domain=off_domain,
         extra_meta={"command": " ".join(["python -m service", *sys.argv[1:]]), "seed": args.seed},
     )
     report = asyncio.run(evaluate_service(judged, settings))

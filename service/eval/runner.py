@@ -89,6 +89,9 @@ class EvalSettings:
     # Train-split questions run on the same server after the modes (hybrid+rerank when a
     # reranker is given, else hybrid), their per-item signals saved for quality calibration.
     calibration: Judged | None = None
+    # Unjudged off-domain questions run the same way (no metrics: every answer is wrong),
+    # their item signals saved as the calibration's negatives.
+    off_domain: Judged | None = None
 
 
 @dataclasses.dataclass
@@ -406,7 +409,8 @@ async def _run_mode(settings: EvalSettings, live: _Live, judged: Judged, model: 
     if settings.save_runs:
         runs_dir = settings.out / "runs"
         runs_dir.mkdir(parents=True, exist_ok=True)
-        tag = "" if judged is not settings.calibration else "calibration-"
+        tag = ("calibration-" if judged is settings.calibration else "offdomain-" if judged is settings.off_domain
+               else "")
         (runs_dir / f"{model}-{tag}{mode}.items.json").write_text(json.dumps(items, ensure_ascii=False))
     return result, run, scores
 
@@ -493,12 +497,16 @@ async def evaluate_service(judged: Judged, settings: EvalSettings) -> dict[str, 
                 results.append(res)
                 _say(settings, f"  calibration sample ({settings.calibration.name}, {res.queries} queries) {mode} "
                                f"[{model}]: " + ", ".join(f"{k} {v:.4f}" for k, v in res.metrics.items()))
+            if settings.off_domain is not None and settings.off_domain.queries:
+                mode = "hybrid+rerank" if settings.reranker or settings.target else "hybrid"
+                res, _, _ = await _run_mode(settings, live, settings.off_domain, model, mode)
+                _say(settings, f"  off-domain questions ({res.queries}) {mode} [{model}]: outcomes {res.outcomes}")
         finally:
             await _stop(live)
     report = {
         "dataset": judged.stats(),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(settings).items()
-                     if k != "calibration"},
+                     if k not in ("calibration", "off_domain")},
         "calibration_sample": (None if settings.calibration is None
                                else {"name": settings.calibration.name, "queries": len(settings.calibration.queries)}),
         "model_ids": model_ids,

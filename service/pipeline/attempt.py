@@ -333,10 +333,10 @@ class AttemptRunner:
 
         # 5. Quality, gate, relevance, budget.
         legs_key, answered_max = self._answered(runs, fusion)
-        sources = self.quality.assign_all(ranked, reranked=reranked, max_fused=max_fused, cjk=is_cjk(req.query),
+        cjk = is_cjk(req.query)
+        sources = self.quality.assign_all(ranked, reranked=reranked, max_fused=max_fused, cjk=cjk,
                                           legs=legs_key, answered_max_fused=answered_max)
-        min_quality = req.min_quality or cfg.min_quality
-        gated = [c for c in ranked if c.quality >= min_quality]
+        gated = self.quality.gate(ranked, sources, req.min_quality or cfg.min_quality, cjk=cjk, legs=legs_key)
         if not gated:
             if failed:
                 infra_failure("legs_failed_none_passed_gate")

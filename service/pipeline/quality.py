@@ -29,7 +29,7 @@ import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +45,8 @@ HYBRID_FEATURES = ("dense_cos", "has_dense", "bm25_log", "has_bm25", "fused_rel"
 RERANK_FEATURES = ("rerank_logit", *HYBRID_FEATURES)
 LANGUAGES = ("en", "cjk")  # cjk: queries with Han characters (same split as fusion_for)
 # Which legs the list came from: both, or one (requested alone, or the other failed). A
-# single-leg list has other signals (no agreement, fused score = that leg's rank), so the
-# hybrid calibration has one model per leg set; the rerank calibration has "both" only.
+# single-leg list has other signals (no agreement, fused score = that leg's rank, no
+# cosine), so each calibration has one model per leg set.
 LEG_SETS = ("both", "bm25", "knn")
 
 
@@ -104,6 +104,15 @@ class Calibration:
     kind: str  # "hybrid" | "rerank"
     onnx_sha256: str
     models: dict[str, Logistic]
+    # The default "nothing here" gate per model key (as ``models``): the min_quality chosen
+    # when the calibration was fitted (valid answerable questions kept vs off-domain
+    # questions refused); 0 where none was fitted.
+    gates: dict[str, float] = field(default_factory=dict)
+
+    def gate(self, cjk: bool, legs: str = "both") -> float:
+        """The gate of the model that judged the list: none where none was fitted (a leg
+        set without one is not judged by another's)."""
+        return self.gates.get(f"{legs}/{'cjk' if cjk else 'en'}", 0.0)
 
     def probability(self, x: Mapping[str, float], cjk: bool, legs: str = "both") -> float:
         lang = "cjk" if cjk else "en"
@@ -124,7 +133,11 @@ def parse_calibration(data: Mapping[str, Any], kind: str) -> Calibration:
     missing = [f"both/{lang}" for lang in LANGUAGES if f"both/{lang}" not in models]
     if missing:
         raise ValueError(f"calibration lacks {missing}")
-    return Calibration(kind, str(data["onnx_sha256"]), models)
+    gates = {str(k): float(v) for k, v in data.get("gate", {}).items()}
+    bad = [k for k, v in gates.items() if k not in models or not 0.0 <= v < 1.0]
+    if bad:
+        raise ValueError(f"gate {bad}: keys of the models, values in [0, 1)")
+    return Calibration(kind, str(data["onnx_sha256"]), models, gates)
 
 
 def load_calibration(model_dir: Path | None, kind: str, onnx_sha256: str) -> Calibration | None:
@@ -172,6 +185,28 @@ class QualityModel:
             c.quality = self.hybrid.probability(x, cjk, legs)
             return QualitySource.HYBRID_CALIBRATED
         return assign_quality(c, reranked=reranked, max_fused=max_fused)
+
+    def default_gate(self, source: QualitySource, cjk: bool, legs: str = "both") -> float:
+        """The min_quality an item of this source must reach when neither the request nor the
+        server config sets one: its calibration's gate (0 for uncalibrated sources)."""
+        if source is QualitySource.RERANKER_PROBABILITY and self.rerank is not None:
+            return self.rerank.gate(cjk, legs)
+        if source is QualitySource.HYBRID_CALIBRATED and self.hybrid is not None:
+            return self.hybrid.gate(cjk, legs)
+        return 0.0
+
+    def gate(self, ranked: Sequence[Candidate], sources: Sequence[QualitySource], min_quality: float, *,
+             cjk: bool, legs: str = "both") -> list[Candidate]:
+        """What passes the quality gate. A ``min_quality`` (the request's or the server's)
+        filters items. Without one, the calibrations' "nothing here" gate judges the list:
+        all of it when any item reaches its own calibration's gate, else nothing (the gate
+        was fitted on top-1 items: it decides whether the corpus has an answer, not which
+        of the answers below the top an agent may read)."""
+        if min_quality > 0:
+            return [c for c in ranked if c.quality >= min_quality]
+        if any(c.quality >= self.default_gate(s, cjk, legs) for c, s in zip(ranked, sources)):
+            return list(ranked)
+        return []
 
     def assign_all(self, ranked: Sequence[Candidate], *, reranked: bool, max_fused: float, cjk: bool,
                    legs: str = "both", answered_max_fused: float | None = None) -> list[QualitySource]:

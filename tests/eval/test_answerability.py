@@ -118,14 +118,6 @@ def _check(s: dict, rerank: bool) -> None:  # type: ignore[type-arg]
     assert s["answerable"] >= 5 and s["answerable_found"] >= BAR, s
 
 
-# Not met yet (issue 8 stays open): the calibrations are fitted on in-domain InsuranceQA
-# only, so off-topic questions score 0.03-0.3 on the InsuranceQA index, as high as many
-# answerable Chinese ones; no single min_quality reaches 95 % both ways (measured: off-topic
-# refused 16-62 % at 0.03). Strict: the day it passes, the marker must go.
-KNOWN_GAP = pytest.mark.xfail(strict=True, reason="calibration has no off-domain negatives yet (issue 8)")
-
-
-@KNOWN_GAP
 @pytest.mark.parametrize("rerank", [True, False], ids=["rerank-on", "rerank-off"])
 async def test_demo_kb_says_nothing_here(demo_kb: Live, rerank: bool) -> None:
     iqa = {lang: list(load_insuranceqa("valid", lang).sample(OFF_TOPIC_IQA, SEED + 1).queries.values())
@@ -134,7 +126,6 @@ async def test_demo_kb_says_nothing_here(demo_kb: Live, rerank: bool) -> None:
     _check(_report("demo", await probe(demo_kb.retrieval, probes, rerank=rerank), rerank), rerank)
 
 
-@KNOWN_GAP
 @pytest.mark.parametrize("rerank", [True, False], ids=["rerank-on", "rerank-off"])
 async def test_insuranceqa_kb_says_nothing_here(iqa_kb: tuple[Live, list[Probe]], rerank: bool) -> None:
     live, in_domain = iqa_kb

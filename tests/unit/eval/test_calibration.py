@@ -58,10 +58,44 @@ def test_fit_writes_calibrations_and_report(tmp_path: Path) -> None:
         for key in ("both/en", "both/cjk"):
             res = report["sources"][kind][key]
             assert res["ece_top1"] < 0.1 and res["valid_rows"] > 0
-    assert {"bm25/en", "knn/cjk"} <= set(report["sources"]["hybrid"]) and set(report["sources"]["rerank"]) == {
-        "both/en", "both/cjk"}
+    # One model per leg set and language for both sources (a single-leg list has no cosine
+    # or no BM25 score: the two-leg model would read a missing signal as a bad one).
+    keys = {f"{legs}/{lang}" for legs in ("both", "bm25", "knn") for lang in ("en", "cjk")}
+    assert set(report["sources"]["hybrid"]) == keys and set(report["sources"]["rerank"]) == keys
     hybrid = parse_calibration(json.loads((tmp_path / "out" / "hybrid.json").read_text()), "hybrid")
     x = dict.fromkeys(HYBRID_FEATURES, 0.0) | {"has_dense": 1.0, "has_bm25": 1.0, "fused_rel": 1.0}
     assert hybrid.probability(x | {"dense_cos": 0.9}, False) > hybrid.probability(x | {"dense_cos": 0.75}, False)
     assert not math.isnan(hybrid.probability(x, True))
     assert (tmp_path / "out" / "reliability.png").stat().st_size > 1000
+
+
+def _off_domain_dump(path: Path, n: int, seed: int) -> None:
+    """Off-domain questions: nothing stands out (flat, low cosines), nothing is relevant."""
+    rng = random.Random(seed)
+    data = {}
+    for q in range(n):
+        items = [[f"o{q}-{i}", rng.uniform(0, 5), 0.78 + rng.gauss(0, 0.005), 1 / (10 + i + 1),
+                  rng.gauss(-2, 0.5), 0.0] for i in range(12)]
+        data[f"off{q}"] = {"query": "off topic" if q % 2 else "无关问题", "max_fused": 1.3 / 11, "rrf_k": 10,
+                           "degraded": False, "relevant": [], "items": items}
+    path.write_text(json.dumps(data, ensure_ascii=False))
+
+
+def test_off_domain_negatives_give_each_language_a_gate(tmp_path: Path) -> None:
+    _dump(tmp_path / "train.json", 800, 0)
+    _dump(tmp_path / "valid.json", 400, 1)
+    _off_domain_dump(tmp_path / "off.json", 300, 2)
+    report = fit([tmp_path / "train.json"], [tmp_path / "valid.json"], hybrid_sha="h" * 64, rerank_sha="r" * 64,
+                 out=tmp_path / "out", top=3, off_domain=[tmp_path / "off.json"])
+    for kind in ("hybrid", "rerank"):
+        doc = json.loads((tmp_path / "out" / f"{kind}.json").read_text())
+        cal = parse_calibration(doc, kind)
+        keys = {f"{legs}/{lang}" for legs in ("both", "knn") for lang in ("en", "cjk")}  # none for BM25 alone
+        assert set(cal.gates) == keys and all(0 < g < 1 for g in cal.gates.values())
+        for lang, rows in report["gate"][kind].items():
+            at_gate = next(r for r in rows if r["min_quality"] >= cal.gates[f"both/{lang}"])
+            # Separable here: the chosen gate keeps the answers and refuses the off-domain.
+            assert at_gate["answerable_kept"] >= 0.9 and at_gate["off_domain_refused"] >= 0.9, (kind, lang, rows)
+    # Without off-domain questions there is nothing to choose a gate from.
+    fit([tmp_path / "train.json"], [tmp_path / "valid.json"], hybrid_sha="h" * 64, rerank_sha="", out=tmp_path / "o2")
+    assert "gate" not in json.loads((tmp_path / "o2" / "hybrid.json").read_text())

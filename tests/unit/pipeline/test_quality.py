@@ -92,3 +92,32 @@ def test_calibration_applies_only_to_its_model(tmp_path: Path) -> None:
     (tmp_path / CALIBRATION_FILE).write_text(json.dumps(bad))
     with pytest.raises(ValueError, match="invalid quality calibration"):
         load_calibration(tmp_path, "hybrid", "abc")
+
+
+def test_the_default_gate_is_the_calibrations_per_language() -> None:
+    doc = {**_doc("hybrid", "h"), "gate": {"both/en": 0.07, "both/cjk": 0.03, "bm25/en": 0.02}}
+    model = QualityModel(hybrid=parse_calibration(doc, "hybrid"), rerank=parse_calibration(_doc("rerank", "r"), "rerank"))
+    assert model.default_gate(QualitySource.HYBRID_CALIBRATED, cjk=False) == 0.07
+    assert model.default_gate(QualitySource.HYBRID_CALIBRATED, cjk=True) == 0.03
+    # A single-leg list has its own gate where fitted, else none.
+    assert model.default_gate(QualitySource.HYBRID_CALIBRATED, cjk=False, legs="bm25") == 0.02
+    assert model.default_gate(QualitySource.HYBRID_CALIBRATED, cjk=True, legs="knn") == 0.0
+    assert model.default_gate(QualitySource.RERANKER_PROBABILITY, cjk=False) == 0.0  # none fitted
+    assert QualityModel().default_gate(QualitySource.DENSE_DISTANCE, cjk=False) == 0.0
+    for bad in ({"both/en": 1.5}, {"both/fr": 0.1}, {"knn/cjk": 0.1}):
+        with pytest.raises(ValueError, match="gate"):
+            parse_calibration({**_doc("hybrid", "h"), "gate": bad}, "hybrid")
+
+
+def test_the_default_gate_judges_the_list_a_min_quality_filters_items() -> None:
+    doc = {**_doc("hybrid", "h"), "gate": {"both/en": 0.3, "both/cjk": 0.3}}
+    model = QualityModel(hybrid=parse_calibration(doc, "hybrid"))
+    items = [_candidate(0.1, None, 0.1), _candidate(0.2, None, 0.1), _candidate(0.3, None, 0.1)]
+    for c, q in zip(items, (0.5, 0.2, 0.1)):
+        c.quality = q
+    src = [QualitySource.HYBRID_CALIBRATED] * 3
+    assert model.gate(items, src, 0.0, cjk=False) == items  # the top reaches 0.3: the whole list
+    assert model.gate(items, src, 0.15, cjk=False) == items[:2]  # an explicit floor filters
+    items[0].quality = 0.29
+    assert model.gate(items, src, 0.0, cjk=False) == []  # nothing here
+    assert model.gate(items, [QualitySource.DENSE_DISTANCE] * 3, 0.0, cjk=False) == items  # uncalibrated: no gate
