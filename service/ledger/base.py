@@ -104,8 +104,11 @@ class AttemptEntry:
     record: AttemptRecord
     observations: list[Observation] = field(default_factory=list)
     gap: GapRecord | None = None
-    # The request as ``service.pipeline.replay`` serialises it, so ReplayAttempt can run it again.
+    # The request as ``service.pipeline.recording`` serialises it, so ReplayAttempt can run it again.
     request: dict[str, Any] = field(default_factory=dict)
+    # The run as this attempt would create it, for attempts refused before any reservation
+    # (a USER_INFORMATION gap): the run exists, with nothing spent.
+    run: RunState | None = None
 
 
 @dataclass(frozen=True)

@@ -230,6 +230,8 @@ class OpenSearchLedger(Ledger):
         ops: list[JSON] = []
         for e in entries:
             r = e.record
+            if e.run is not None:  # exists already (409) in the common case: that is fine
+                ops += [{"create": {"_index": self.index("runs"), "_id": e.run.run_id}}, _run_doc(e.run)]
             ops += [{"index": {"_index": self.index("attempts"), "_id": r.attempt_id}},
                     {"run_id": r.run_id, "gap_id": r.gap_id, "attempt_id": r.attempt_id, "outcome": r.outcome.value,
                      "created_at_ms": r.created_at_ms, "record": codec.record_to_dict(r), "request": e.request}]
@@ -252,8 +254,11 @@ class OpenSearchLedger(Ledger):
         resp = await self._call(self._client.bulk(body=ops, params={"refresh": "wait_for"}), "record",
                                 max(self.timeout_s, 10.0))
         if resp.get("errors"):
-            failed = [next(iter(i.values())) for i in resp["items"] if next(iter(i.values())).get("error")]
-            raise LedgerUnavailable(f"opensearch ledger record: {len(failed)} writes failed, first: {failed[0]['error']}")
+            failed = [op for op in (next(iter(i.values())) for i in resp["items"])
+                      if op.get("error") and not (op.get("status") == 409 and op.get("_index") == self.index("runs"))]
+            if failed:
+                raise LedgerUnavailable(
+                    f"opensearch ledger record: {len(failed)} writes failed, first: {failed[0]['error']}")
 
     def _gap_doc(self, gap: GapRecord) -> JSON:
         return {"run_id": gap.run_id, "gap_id": gap.gap_id, "state": gap.state.value,

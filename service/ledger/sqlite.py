@@ -187,6 +187,12 @@ class SqliteLedger(Ledger):
             now = int(time.time() * 1000)
             for e in entries:
                 r = e.record
+                if e.run is not None:
+                    s = e.run
+                    conn.execute(
+                        "INSERT OR IGNORE INTO runs(run_id, max_searches, max_results_per_search, searches_used,"
+                        " created_at_ms, require_gap) VALUES (?, ?, ?, 0, ?, ?)",
+                        (s.run_id, s.max_searches, s.max_results_per_search, s.created_at_ms, int(s.require_gap)))
                 conn.execute(
                     "INSERT OR REPLACE INTO attempts(attempt_id, run_id, gap_id, channel, query, requested_top_k,"
                     " outcome, stopping_reason, principal, created_at_ms, record_json, request_json)"

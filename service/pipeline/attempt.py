@@ -242,7 +242,7 @@ class AttemptRunner:
     ) -> None:
         """Hand the attempt to the ledger writer: the caller never waits on this write."""
         result.total_ms = (time.monotonic() - started) * 1000
-        self.writer.submit(entry_for(req, principal, result, evidence, CHANNEL))
+        self.writer.submit(entry_for(req, principal, result, evidence, CHANNEL, self.cfg))
 
     async def _run(
         self, req: AttemptRequest, principal: Principal, deadline: float,

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from service.config import Config
 from service.domain import AttemptRecord
-from service.ledger.base import AttemptEntry, BudgetDecision, GapRecord, Ledger, Observation
+from service.ledger.base import AttemptEntry, BudgetDecision, GapRecord, Ledger, Observation, RunState
 from service.pipeline.request import AttemptRequest, Principal
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ async def reserve(ledger: Ledger, req: AttemptRequest, cfg: Config) -> BudgetDec
 
 def entry_for(
     req: AttemptRequest, principal: Principal, result: AttemptResultOut, evidence: list[EvidenceOut], channel: str,
+    cfg: Config,
 ) -> AttemptEntry:
     now = int(time.time() * 1000)
     gap_id = req.gap.gap_id if req.gap else ""
@@ -48,7 +49,10 @@ def entry_for(
     )
     observations: list[Observation] = []
     gap = None
+    run = None
     if req.run_id:
+        run = RunState(req.run_id, req.budget_max_searches or cfg.default_max_searches,
+                       req.budget_max_results or cfg.default_max_results_per_search, 0, req.require_gap, now)
         observations = [Observation(req.run_id, eid, result.attempt_id, gap_id, True, now) for eid in returned]
         observations += [Observation(req.run_id, eid, result.attempt_id, gap_id, False, now)
                          for eid in dict.fromkeys(result.inadmissible_ids)]
@@ -56,4 +60,4 @@ def entry_for(
             g = req.gap
             gap = GapRecord(req.run_id, g.gap_id, g.kind.value, g.question, g.rationale, g.criticality,
                             g.targeted_query)
-    return AttemptEntry(record, observations, gap, request_to_dict(req))
+    return AttemptEntry(record, observations, gap, request_to_dict(req), run)

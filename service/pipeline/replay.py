@@ -34,19 +34,21 @@ class Changes:
 
 
 def compare(then: list[str], today: list[str]) -> Changes:
-    """Compare by chunk (``source#chunk``): the same chunk at another version is a new
-    version, not a drop plus an add."""
-    old = {chunk_key(e): e for e in then}
-    new = {chunk_key(e): e for e in today}
-    out = Changes()
-    for key, eid in new.items():
-        if key not in old:
-            out.added.append(eid)
-        elif old[key] != eid:
-            out.new_versions.append((old[key], eid))
+    """Exact ids first; a chunk of ``then`` that is back today only at another version is a
+    new version (not a drop plus an add)."""
+    then_set, today_set = set(then), set(today)
+    out = Changes(unchanged=[e for e in then if e in today_set])
+    taken: set[str] = set()
+    for eid in then:
+        if eid in today_set:
+            continue
+        newer = [t for t in today if chunk_key(t) == chunk_key(eid) and t not in then_set and t not in taken]
+        if newer:
+            out.new_versions.append((eid, newer[0]))
+            taken.add(newer[0])
         else:
-            out.unchanged.append(eid)
-    out.dropped = [eid for key, eid in old.items() if key not in new]
+            out.dropped.append(eid)
+    out.added = [t for t in today if t not in then_set and t not in taken]
     return out
 
 
