@@ -160,11 +160,12 @@ def build_ledger(cfg: Config) -> Ledger:
     """OpenSearch (shared by every replica) when configured, else SQLite on this host."""
     backend = cfg.ledger_backend if cfg.ledger_backend != "auto" else ("opensearch" if cfg.opensearch_url else "sqlite")
     if backend == "opensearch":
-        if not cfg.opensearch_url:
-            raise ValueError("ledger_backend = opensearch needs opensearch_url")
+        url = cfg.ledger_opensearch_url or cfg.opensearch_url
+        if not url:
+            raise ValueError("ledger_backend = opensearch needs ledger_opensearch_url or opensearch_url")
         from service.ledger.opensearch import OpenSearchLedger
 
-        return OpenSearchLedger(cfg.opensearch_url, index_prefix=cfg.opensearch_index_prefix,
+        return OpenSearchLedger(url, index_prefix=cfg.opensearch_index_prefix,
                                 replicas=cfg.opensearch_replicas, timeout_s=cfg.ledger_timeout_s)
     if backend != "sqlite":
         raise ValueError(f"ledger_backend must be auto, sqlite or opensearch, not {backend!r}")

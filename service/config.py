@@ -76,6 +76,8 @@ class Config:
     # Ledger (runs, gaps, attempts): "auto" = in OpenSearch when opensearch_url is set (one
     # ledger for every replica), else SQLite; or "sqlite" / "opensearch".
     ledger_backend: str = "auto"
+    # The OpenSearch ledger's cluster; "" = opensearch_url (the engine's).
+    ledger_opensearch_url: str = ""
     # SQLite file; "" = <data_dir>/ledger.sqlite3. Processes on one host sharing the file
     # share budgets.
     ledger_path: str = ""
