@@ -53,6 +53,7 @@ JSON = dict[str, Any]
 
 # Version conflicts a reservation rides out before it reports the ledger unavailable.
 _MAX_CONFLICT_RETRIES = 64
+_REFRESH_INTERVAL = "250ms"
 # Most observations/gaps one run read returns (a run of 500 attempts x 20 evidence fits).
 _MAX_READ = 10000
 
@@ -137,7 +138,10 @@ class OpenSearchLedger(Ledger):
             if self._ready:
                 return
             for name, props in _MAPPINGS.items():
-                body = {"settings": {"number_of_shards": 1, "number_of_replicas": self.replicas},
+                # Records are written with refresh=wait_for: a short interval keeps that wait (and
+                # the writer's batches) small; the indices are small, so refreshing is cheap.
+                body = {"settings": {"number_of_shards": 1, "number_of_replicas": self.replicas,
+                                     "refresh_interval": _REFRESH_INTERVAL},
                         "mappings": {"dynamic": "strict", "properties": props}}
                 try:
                     await self._call(self._client.indices.create(index=self.index(name), body=body), "create index",

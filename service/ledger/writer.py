@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 
 class AttemptWriter:
-    def __init__(self, ledger: Ledger, *, max_pending: int = 10000, max_batch: int = 64,
+    def __init__(self, ledger: Ledger, *, max_pending: int = 10000, max_batch: int = 256,
                  retry_s: float = 0.2, max_retry_s: float = 5.0) -> None:
         self.ledger = ledger
         self.max_pending = max_pending

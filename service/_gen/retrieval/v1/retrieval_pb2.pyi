@@ -511,7 +511,9 @@ class AttemptResult(_message.Message):
     """
     stopping_reason: _builtins.str
     """Machine-readable reason the attempt stopped, e.g. "completed", "all_legs_failed",
-    "budget_exhausted", "gap_kind_user_information", "cancelled".
+    "budget_exhausted", "gap_kind_user_information", "cancelled", "no_gap_in_run",
+    "ledger_unavailable" (BACKEND_ERROR: the run's budget could not be reserved, so
+    nothing was searched).
     """
     retrieved_count: _builtins.int
     """Unique candidates the legs retrieved, and how many of them were admissible."""
