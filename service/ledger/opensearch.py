@@ -36,7 +36,6 @@ from service.ledger.base import (
     BudgetDecision,
     GapDecision,
     GapRecord,
-    GapState,
     Ledger,
     LedgerUnavailable,
     Observation,
@@ -378,5 +377,3 @@ class OpenSearchLedger(Ledger):
                                            "sort": [{"created_at_ms": "asc"}]}, "expired runs")
         return [str(h["_source"]["run_id"]) for h in hits]
 
-
-__all__ = ["OpenSearchLedger", "GapState"]
