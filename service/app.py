@@ -12,7 +12,9 @@ from typing import Any
 from service.config import Config
 from service.engines.base import Engine
 from service.ingest.ingestor import Ingestor
-from service.ledger.store import Ledger
+from service.ledger.base import Ledger
+from service.ledger.operations import LedgerOperations
+from service.ledger.writer import AttemptWriter
 from service.models.base import CrossEncoderBackend, EmbeddingBackend
 from service.models.runtime import ModelRuntime
 from service.pipeline.attempt import AttemptRunner
@@ -154,6 +156,25 @@ def build_engine(cfg: Config, dimension: int) -> Engine:
     return EmbeddedEngine(cfg.data_dir / "engine", workers=cfg.engine_workers)
 
 
+def build_ledger(cfg: Config) -> Ledger:
+    """OpenSearch (shared by every replica) when configured, else SQLite on this host."""
+    backend = cfg.ledger_backend if cfg.ledger_backend != "auto" else ("opensearch" if cfg.opensearch_url else "sqlite")
+    if backend == "opensearch":
+        url = cfg.ledger_opensearch_url or cfg.opensearch_url
+        if not url:
+            raise ValueError("ledger_backend = opensearch needs ledger_opensearch_url or opensearch_url")
+        from service.ledger.opensearch import OpenSearchLedger
+
+        return OpenSearchLedger(url, index_prefix=cfg.opensearch_index_prefix,
+                                replicas=cfg.opensearch_replicas, timeout_s=cfg.ledger_timeout_s)
+    if backend != "sqlite":
+        raise ValueError(f"ledger_backend must be auto, sqlite or opensearch, not {backend!r}")
+    from service.ledger.sqlite import SqliteLedger
+
+    path = Path(cfg.ledger_path).expanduser() if cfg.ledger_path else cfg.data_dir / "ledger.sqlite3"
+    return SqliteLedger(path, timeout_s=cfg.ledger_timeout_s)
+
+
 @dataclass
 class App:
     cfg: Config
@@ -162,6 +183,8 @@ class App:
     ledger: Ledger
     runner: AttemptRunner
     ingestor: Ingestor
+    writer: AttemptWriter
+    ledger_ops: LedgerOperations
 
     @classmethod
     def build(
@@ -178,14 +201,18 @@ class App:
             max_wait_ms=cfg.max_batch_wait_ms, max_queue=cfg.max_queue,
         )
         engine = engine or build_engine(cfg, embedder.dimension)
-        ledger = Ledger(cfg.data_dir / "ledger.sqlite3")
+        ledger = build_ledger(cfg)
+        writer = AttemptWriter(ledger)
         runner = AttemptRunner(cfg, engine, runtime, ledger, rerank_alpha=choice.alpha,
-                               rerank_unavailable=choice.reason, quality=load_quality_model(cfg, embedder, choice))
+                               rerank_unavailable=choice.reason, quality=load_quality_model(cfg, embedder, choice),
+                               writer=writer)
         return cls(cfg, engine, runtime, ledger, runner,
-                   Ingestor(cfg, engine, runtime))
+                   Ingestor(cfg, engine, runtime), writer, LedgerOperations(ledger, writer, cfg.critical_gap_threshold))
 
     async def start(self) -> None:
         await self.ledger.start()
+        self.writer.start()
+        self.ledger_ops.start_retention(self.cfg.ledger_retention_days, self.cfg.ledger_retention_interval_s)
         await self.engine.start()
         await self.runtime.start()
         log.info("app started: engine=%s models=%s", self.engine.name, self.runner.model_ids)
@@ -193,4 +220,6 @@ class App:
     async def close(self) -> None:
         await self.runtime.close()
         await self.engine.close()
+        await self.ledger_ops.close()
+        await self.writer.close()
         await self.ledger.close()

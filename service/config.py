@@ -77,6 +77,21 @@ class Config:
     # Runs.
     default_max_searches: int = 20
     default_max_results_per_search: int = 50
+    # Ledger (runs, gaps, attempts): "auto" = in OpenSearch when opensearch_url is set (one
+    # ledger for every replica), else SQLite; or "sqlite" / "opensearch".
+    ledger_backend: str = "auto"
+    # The OpenSearch ledger's cluster; "" = opensearch_url (the engine's).
+    ledger_opensearch_url: str = ""
+    # SQLite file; "" = <data_dir>/ledger.sqlite3. Processes on one host sharing the file
+    # share budgets.
+    ledger_path: str = ""
+    # Longest a budget reservation waits on the ledger before the attempt is BACKEND_ERROR.
+    ledger_timeout_s: float = 2.0
+    # Runs older than this are purged (recorded with reason "retention"); 0 = keep forever.
+    ledger_retention_days: float = 0.0
+    ledger_retention_interval_s: float = 3600.0
+    # A gap this critical or more counts in Run.open_critical_gaps until RESOLVED.
+    critical_gap_threshold: float = 0.7
     # Auth: a TOML file of API keys -> principal and groups. Empty: auth off, every
     # caller is "anonymous" and sees public documents only.
     api_keys_file: str = ""

@@ -76,7 +76,7 @@ def request_from_pb(m: retrieval_pb2.RetrieveRequest) -> tuple[AttemptRequest, l
         legs=tuple(legs), rerank=rerank, min_quality=m.options.min_quality,
         max_context_chars=m.options.max_context_chars, gap=gap, tool_call_id=m.tool_call_id,
         budget_max_searches=m.budget.max_searches, budget_max_results=m.budget.max_results_per_search,
-        version_pins=dict(m.version_pins),
+        version_pins=dict(m.version_pins), require_gap=m.budget.require_gap,
     ), bad
 
 
@@ -113,6 +113,8 @@ def evidence_to_pb(e: EvidenceOut) -> retrieval_pb2.EvidenceItem:
     c = e.candidate
     msg = chunk_to_pb(c.chunk, e.excerpt, e.context)
     msg.rank = e.rank
+    msg.attempt_id = e.attempt_id
+    msg.acquired_for_gap_id = e.gap_id
     msg.fused_score = c.fused_score
     msg.quality = c.quality
     if c.bm25_score is not None:

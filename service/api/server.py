@@ -13,8 +13,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from service._gen.retrieval.v1 import corpus_pb2, corpus_pb2_grpc, retrieval_pb2, retrieval_pb2_grpc
+from service._gen.retrieval.v1 import corpus_pb2, corpus_pb2_grpc, ledger_pb2, ledger_pb2_grpc, retrieval_pb2, retrieval_pb2_grpc
 from service.api.auth import Authenticator
+from service.api.ledger_servicer import LedgerServicer
 from service.api.servicers import Admission, CorpusServicer, RetrievalServicer
 from service.app import App
 
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 SERVICE_NAMES = (
     retrieval_pb2.DESCRIPTOR.services_by_name["RetrievalService"].full_name,
     corpus_pb2.DESCRIPTOR.services_by_name["CorpusService"].full_name,
+    ledger_pb2.DESCRIPTOR.services_by_name["LedgerService"].full_name,
 )
 # Health name that stays SERVING while the process answers at all: liveness probes use it,
 # so an OpenSearch outage (readiness) never makes an orchestrator restart healthy pods.
@@ -45,6 +47,7 @@ class Server:
             RetrievalServicer(app, self.auth, self.admission), self.grpc)
         corpus_pb2_grpc.add_CorpusServiceServicer_to_server(
             CorpusServicer(app, self.auth, self.admission), self.grpc)
+        ledger_pb2_grpc.add_LedgerServiceServicer_to_server(LedgerServicer(app, self.auth), self.grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,

@@ -130,7 +130,7 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
             self.auth.authenticate(context)
             if not request.attempt_id:
                 raise InvalidArgument.one("attempt_id", "must not be empty")
-            record = await self.app.ledger.get_attempt(request.attempt_id)
+            record = await self.app.ledger_ops.get_attempt(request.attempt_id)
             if record is None:
                 raise NotFound(f"no attempt {request.attempt_id!r}")
         except DomainError as exc:

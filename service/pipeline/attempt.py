@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 
 from service.config import Config
 from service.domain import (
-    AttemptRecord,
     GapKind,
     LegKind,
     LegReport,
@@ -42,11 +41,13 @@ from service.engines.base import (
     SearchResponse,
 )
 from service.errors import DeadlineExceeded, Overloaded
-from service.ledger.store import Ledger
+from service.ledger.base import NO_GAP_IN_RUN, Ledger, LedgerUnavailable
+from service.ledger.writer import AttemptWriter
 from service.models.runtime import ModelRuntime, Timing
 from service.pipeline.fusion import Candidate, FusionParams, fusion_for, interpolate, is_cjk, max_rrf_score, rrf
 from service.pipeline.postprocess import admissible, apply_context_budget, dedupe
 from service.pipeline.quality import QualityModel
+from service.pipeline.recording import entry_for, reserve
 from service.pipeline.relevance import relevance_level
 from service.pipeline.request import AttemptRequest, Principal
 
@@ -61,6 +62,9 @@ class EvidenceOut:
     rank: int
     excerpt: str
     context: str
+    # Provenance: the attempt that returned it and the gap it was acquired for.
+    attempt_id: str = ""
+    gap_id: str = ""
 
 
 @dataclass
@@ -84,6 +88,8 @@ class AttemptResultOut:
     total_ms: float = 0.0
     model_ids: list[str] = field(default_factory=list)
     engine: str = ""
+    # Retrieved but inadmissible (draft, retired, wrong version): observed, never returned.
+    inadmissible_ids: list[str] = field(default_factory=list)
 
     @property
     def evidence_found(self) -> bool:
@@ -141,12 +147,13 @@ def _timing(t: Timing) -> LegTiming:
 class AttemptRunner:
     def __init__(self, cfg: Config, engine: Engine, runtime: ModelRuntime, ledger: Ledger, *,
                  rerank_alpha: float = 1.0, rerank_unavailable: str = "",
-                 quality: QualityModel | None = None) -> None:
+                 quality: QualityModel | None = None, writer: AttemptWriter | None = None) -> None:
         self.cfg = cfg
         self.quality = quality or QualityModel()
         self.engine = engine
         self.runtime = runtime
         self.ledger = ledger
+        self.writer = writer or AttemptWriter(ledger)
         self.rerank_alpha = rerank_alpha
         self.rerank_unavailable = rerank_unavailable or "no reranker model configured"
 
@@ -224,29 +231,18 @@ class AttemptRunner:
         except (asyncio.CancelledError, GeneratorExit):
             result.outcome, result.stopping_reason = Outcome.CANCELLED, "cancelled"
             evidence = []
-            await asyncio.shield(self._record(req, principal, result, evidence, started))
+            self._record(req, principal, result, evidence, started)
             raise
-        result.total_ms = (time.monotonic() - started) * 1000
-        await self._record(req, principal, result, evidence, started)
+        self._record(req, principal, result, evidence, started)
         yield ResultEvent(result)
 
-    async def _record(
+    def _record(
         self, req: AttemptRequest, principal: Principal, result: AttemptResultOut,
         evidence: list[EvidenceOut], started: float,
     ) -> None:
+        """Hand the attempt to the ledger writer: the caller never waits on this write."""
         result.total_ms = (time.monotonic() - started) * 1000
-        record = AttemptRecord(
-            attempt_id=result.attempt_id, run_id=req.run_id,
-            gap_id=req.gap.gap_id if req.gap else "", channel=CHANNEL, query=req.query,
-            requested_top_k=req.top_k, outcome=result.outcome,
-            stopping_reason=result.stopping_reason, principal=principal.name,
-            created_at_ms=int(time.time() * 1000),
-            evidence_ids=[e.candidate.chunk.chunk_id for e in evidence],
-            retrieved_count=result.retrieved_count, admissible_count=result.admissible_count,
-            legs=list(result.legs), budget_before=result.budget_before,
-            budget_after=result.budget_after, total_ms=result.total_ms, model_ids=result.model_ids,
-        )
-        await self.ledger.record_attempt(record)
+        self.writer.submit(entry_for(req, principal, result, evidence, CHANNEL, self.cfg))
 
     async def _run(
         self, req: AttemptRequest, principal: Principal, deadline: float,
@@ -260,12 +256,17 @@ class AttemptRunner:
             return
         top_k = req.top_k
         if req.run_id:
-            decision = await self.ledger.reserve_search(
-                req.run_id,
-                req.budget_max_searches or cfg.default_max_searches,
-                req.budget_max_results or cfg.default_max_results_per_search,
-            )
+            try:
+                decision = await reserve(self.ledger, req, cfg)
+            except LedgerUnavailable:
+                # The budget cannot be enforced: nothing is searched, and that is an
+                # infrastructure failure, never EMPTY (README "The evidence ledger").
+                result.outcome, result.stopping_reason = Outcome.BACKEND_ERROR, "ledger_unavailable"
+                return
             result.budget_before, result.budget_after = decision.before, decision.after
+            if decision.reason == NO_GAP_IN_RUN:
+                result.outcome, result.stopping_reason = Outcome.PERMISSION_DENIED, NO_GAP_IN_RUN
+                return
             if not decision.allowed:
                 result.outcome, result.stopping_reason = Outcome.BUDGET_DENIED, "budget_exhausted"
                 return
@@ -318,6 +319,8 @@ class AttemptRunner:
         statuses = cfg.admissible_statuses
         allowed = [c for c in candidates if admissible(c, statuses, req.version_pins)]
         result.admissible_count = len(allowed)
+        kept = {id(c) for c in allowed}
+        result.inadmissible_ids = [c.chunk.chunk_id for c in candidates if id(c) not in kept]
         if not allowed:
             self._add_rerank_report(result, LegStatus.SKIPPED, "nothing admissible to rerank", req)
             if failed:
@@ -356,7 +359,8 @@ class AttemptRunner:
             "completed_degraded" if result.degraded else "completed"
         )
         for rank, b in enumerate(items, start=1):
-            out = EvidenceOut(b.candidate, rank, b.excerpt, b.context)
+            out = EvidenceOut(b.candidate, rank, b.excerpt, b.context, result.attempt_id,
+                              req.gap.gap_id if req.gap else "")
             evidence.append(out)
             yield EvidenceEvent(out)
         result.returned_count = len(evidence)

@@ -52,6 +52,8 @@ class AttemptRequest:
     budget_max_searches: int = 0
     budget_max_results: int = 0
     version_pins: dict[str, str] = field(default_factory=dict)
+    # Create the run so that an attempt without a gap is refused (no gap, no search).
+    require_gap: bool = False
 
 
 def validate(

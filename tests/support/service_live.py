@@ -97,10 +97,11 @@ class ServiceProcess:
         data_dir.mkdir(parents=True, exist_ok=True)
         log_path = data_dir / "serve.log"
         full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+        # An empty opensearch_url serves the embedded engine (and the SQLite ledger).
+        engine = ["--opensearch-url", opensearch_url] if opensearch_url else []
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "service", "serve", "--opensearch-url", opensearch_url,
-                 "--listen", target, "--data-dir", str(data_dir)],
+                [sys.executable, "-m", "service", "serve", *engine, "--listen", target, "--data-dir", str(data_dir)],
                 cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT)
         channel = grpc.aio.insecure_channel(target)
         return cls(proc, target, log_path, channel, retrieval_pb2_grpc.RetrievalServiceStub(channel),

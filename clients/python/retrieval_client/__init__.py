@@ -14,6 +14,18 @@ from retrieval_client.errors import (
     UnauthenticatedError,
     UnavailableError,
 )
+from retrieval_client.ledger import (
+    CitationCheck,
+    CitationClass,
+    Gap,
+    GapState,
+    LedgerClient,
+    Purge,
+    Replay,
+    Run,
+    RunAttempt,
+    SyncLedgerClient,
+)
 from retrieval_client.types import Attempt, Evidence, Leg, Outcome, lookup_to_json
 
 __all__ = [
@@ -21,4 +33,7 @@ __all__ = [
     "FieldViolation", "InvalidArgumentError", "Leg", "NotFoundError", "Outcome", "OverloadedError",
     "PermissionDeniedError", "RetrievalClient", "RetrievalError", "SyncRetrievalClient",
     "UnauthenticatedError", "UnavailableError", "build_request", "lookup_to_json",
+    # LedgerService
+    "CitationCheck", "CitationClass", "Gap", "GapState", "LedgerClient", "Purge", "Replay", "Run", "RunAttempt",
+    "SyncLedgerClient",
 ]

@@ -32,6 +32,7 @@ def build_request(
     source_ids: Sequence[str] = (), metadata: dict[str, str] | None = None, legs: Sequence[str] = (),
     rerank: bool | None = None, min_quality: float = 0.0, max_context_chars: int = 0,
     tool_call_id: str = "", version_pins: dict[str, str] | None = None,
+    gap: retrieval_pb2.EvidenceGap | None = None, budget: retrieval_pb2.RunBudget | None = None,
 ) -> retrieval_pb2.RetrieveRequest:
     req = retrieval_pb2.RetrieveRequest(query=query, top_k=top_k, run_id=run_id, tool_call_id=tool_call_id,
                                         version_pins=version_pins or {})
@@ -44,6 +45,10 @@ def build_request(
         req.options.rerank = types_pb2.RERANK_MODE_ON if rerank else types_pb2.RERANK_MODE_OFF
     req.options.min_quality = min_quality
     req.options.max_context_chars = max_context_chars
+    if gap is not None:
+        req.gap.CopyFrom(gap)
+    if budget is not None:
+        req.budget.CopyFrom(budget)
     return req
 
 

@@ -252,19 +252,25 @@ class RunBudget(_message.Message):
 
     MAX_SEARCHES_FIELD_NUMBER: _builtins.int
     MAX_RESULTS_PER_SEARCH_FIELD_NUMBER: _builtins.int
+    REQUIRE_GAP_FIELD_NUMBER: _builtins.int
     max_searches: _builtins.int
     """Attempts the run may make; 0 = server default."""
     max_results_per_search: _builtins.int
     """Largest top_k one attempt of the run may ask for; 0 = server default."""
+    require_gap: _builtins.bool
+    """Attempts of this run must name a gap: one without is refused with
+    PERMISSION_DENIED (stopping_reason `no_gap_in_run`) and nothing is searched.
+    """
     def __init__(
         self,
         *,
         max_searches: _builtins.int = ...,
         max_results_per_search: _builtins.int = ...,
+        require_gap: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_results_per_search", b"max_results_per_search", "max_searches", b"max_searches"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_results_per_search", b"max_results_per_search", "max_searches", b"max_searches", "require_gap", b"require_gap"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -394,6 +400,8 @@ class EvidenceItem(_message.Message):
     CHUNK_INDEX_FIELD_NUMBER: _builtins.int
     CONTEXT_FIELD_NUMBER: _builtins.int
     METADATA_FIELD_NUMBER: _builtins.int
+    ACQUIRED_FOR_GAP_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_ID_FIELD_NUMBER: _builtins.int
     evidence_id: _builtins.str
     source_id: _builtins.str
     version: _builtins.str
@@ -418,6 +426,10 @@ class EvidenceItem(_message.Message):
     chunk_index: _builtins.int
     context: _builtins.str
     """The parent section the chunk belongs to, for context (cut by the budget too)."""
+    acquired_for_gap_id: _builtins.str
+    """Provenance: the gap this evidence was acquired for (empty without a gap)."""
+    attempt_id: _builtins.str
+    """Provenance: the attempt that returned it."""
     @_builtins.property
     def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     def __init__(
@@ -439,10 +451,12 @@ class EvidenceItem(_message.Message):
         chunk_index: _builtins.int = ...,
         context: _builtins.str = ...,
         metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        acquired_for_gap_id: _builtins.str = ...,
+        attempt_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_bm25_score", b"_bm25_score", "_dense_score", b"_dense_score", "_rerank_score", b"_rerank_score", "bm25_score", b"bm25_score", "dense_score", b"dense_score", "rerank_score", b"rerank_score"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_bm25_score", b"_bm25_score", "_dense_score", b"_dense_score", "_rerank_score", b"_rerank_score", "bm25_score", b"bm25_score", "breadcrumb", b"breadcrumb", "chunk_index", b"chunk_index", "collection", b"collection", "context", b"context", "dense_score", b"dense_score", "evidence_id", b"evidence_id", "excerpt", b"excerpt", "fused_score", b"fused_score", "metadata", b"metadata", "quality", b"quality", "rank", b"rank", "rerank_score", b"rerank_score", "source_id", b"source_id", "title", b"title", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_bm25_score", b"_bm25_score", "_dense_score", b"_dense_score", "_rerank_score", b"_rerank_score", "acquired_for_gap_id", b"acquired_for_gap_id", "attempt_id", b"attempt_id", "bm25_score", b"bm25_score", "breadcrumb", b"breadcrumb", "chunk_index", b"chunk_index", "collection", b"collection", "context", b"context", "dense_score", b"dense_score", "evidence_id", b"evidence_id", "excerpt", b"excerpt", "fused_score", b"fused_score", "metadata", b"metadata", "quality", b"quality", "rank", b"rank", "rerank_score", b"rerank_score", "source_id", b"source_id", "title", b"title", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__bm25_score: _TypeAlias = _typing.Literal["bm25_score"]  # noqa: Y015
     _WhichOneofArgType__bm25_score: _TypeAlias = _typing.Literal["_bm25_score", b"_bm25_score"]  # noqa: Y015
@@ -497,7 +511,9 @@ class AttemptResult(_message.Message):
     """
     stopping_reason: _builtins.str
     """Machine-readable reason the attempt stopped, e.g. "completed", "all_legs_failed",
-    "budget_exhausted", "gap_kind_user_information", "cancelled".
+    "budget_exhausted", "gap_kind_user_information", "cancelled", "no_gap_in_run",
+    "ledger_unavailable" (BACKEND_ERROR: the run's budget could not be reserved, so
+    nothing was searched).
     """
     retrieved_count: _builtins.int
     """Unique candidates the legs retrieved, and how many of them were admissible."""

@@ -68,7 +68,8 @@ class RetrievalServiceStub:
     """
     GetAttempt: _grpc.UnaryUnaryMultiCallable[_retrieval_pb2.GetAttemptRequest, _retrieval_pb2.GetAttemptResponse]
     """GetAttempt reads one recorded attempt from the ledger.
-    Status codes: OK, INVALID_ARGUMENT (empty id), NOT_FOUND, UNAUTHENTICATED.
+    Status codes: OK, INVALID_ARGUMENT (empty id), NOT_FOUND, UNAUTHENTICATED,
+    UNAVAILABLE (the ledger store cannot be reached).
     """
 
 @_typing.type_check_only
@@ -111,7 +112,8 @@ class RetrievalServiceAsyncStub(RetrievalServiceStub):
     """
     GetAttempt: _aio.UnaryUnaryMultiCallable[_retrieval_pb2.GetAttemptRequest, _retrieval_pb2.GetAttemptResponse]  # type: ignore[assignment]
     """GetAttempt reads one recorded attempt from the ledger.
-    Status codes: OK, INVALID_ARGUMENT (empty id), NOT_FOUND, UNAUTHENTICATED.
+    Status codes: OK, INVALID_ARGUMENT (empty id), NOT_FOUND, UNAUTHENTICATED,
+    UNAVAILABLE (the ledger store cannot be reached).
     """
 
 class RetrievalServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -169,7 +171,8 @@ class RetrievalServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_retrieval_pb2.GetAttemptResponse, _abc.Awaitable[_retrieval_pb2.GetAttemptResponse]]:
         """GetAttempt reads one recorded attempt from the ledger.
-        Status codes: OK, INVALID_ARGUMENT (empty id), NOT_FOUND, UNAUTHENTICATED.
+        Status codes: OK, INVALID_ARGUMENT (empty id), NOT_FOUND, UNAUTHENTICATED,
+        UNAVAILABLE (the ledger store cannot be reached).
         """
 
 def add_RetrievalServiceServicer_to_server(servicer: RetrievalServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -111,7 +111,8 @@ class RetrievalServiceServicer:
 
     def GetAttempt(self, request, context):
         """GetAttempt reads one recorded attempt from the ledger.
-        Status codes: OK, INVALID_ARGUMENT (empty id), NOT_FOUND, UNAUTHENTICATED.
+        Status codes: OK, INVALID_ARGUMENT (empty id), NOT_FOUND, UNAUTHENTICATED,
+        UNAVAILABLE (the ledger store cannot be reached).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
