@@ -259,10 +259,16 @@ def _layer(r: _Reader, extra: tuple[str, ...] = ()) -> Layer:
     return Layer(reason, tuple(adjustments))
 
 
+def _is_operation(value: Any) -> bool:
+    return isinstance(value, dict) and bool(value) and set(value) <= set(OPERATIONS)
+
+
 def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """Tables merge key by key; an adjustment ({at_least = ...}) is replaced whole."""
     out = dict(base)
     for k, v in override.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        mergeable = isinstance(v, dict) and isinstance(out.get(k), dict) and not _is_operation(out[k])
+        out[k] = _merge(out[k], v) if mergeable else v
     return out
 
 
