@@ -5,7 +5,9 @@ ledger record, and the intents that never reach planning."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import json
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -188,3 +190,29 @@ def test_a_bad_rules_file_stops_the_server_naming_the_key(tmp_path: Path) -> Non
             capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2, proc.stderr
         assert f"error: invalid plan rules: {rules}: {message}" in proc.stderr
+
+
+async def cli(*args: str) -> tuple[int, str, str]:
+    root = Path(__file__).resolve().parents[2]
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "service", *args, cwd=root,
+                                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+async def test_the_cli_plans_and_queries_with_history_as_the_readme_says(planned: Live) -> None:
+    rc, out, err = await cli("plan", "报销费用超过5000需要谁审批", "--intent", "faq_query", "--confidence", "0.9",
+                             "--target", planned.target)
+    assert rc == 0, err
+    res = json.loads(out)
+    # The README's worked example, number for number.
+    assert res["plan"]["reason"] == "faq_first_short_query_guard_pricing_guard"
+    assert (res["plan"]["faq_top_k"], res["plan"]["doc_top_k"], res["plan"]["final_context_top_n"]) == (24, 24, 6)
+    assert res["plan"]["faq_direct_threshold"] == pytest.approx(0.84) and res["plan"]["question_category"] == "pricing"
+    assert res["intent_source"] == "INTENT_SOURCE_CALLER"
+    rc, out, err = await cli("query", "which versions does it need?", "--history", "how do I install the mobile app",
+                             "--intent", "follow_up", "--top-k", "1", "--target", planned.target)
+    assert rc == 0, err
+    assert "plan history_aware_follow_up" in out and "kb-mobile-app" in out
+    rc, out, err = await cli("plan", "hello", "--target", planned.target)
+    assert rc == 2 and "INVALID_ARGUMENT" in err and "INTENT_GREETING" in err
