@@ -86,3 +86,24 @@ def test_resolution_refuses_bad_plans_and_variants_naming_the_field() -> None:
         resolve_plan(AttemptRequest(query="q", top_k=3, collections=("faq",),
                                     plan=RetrievalPlan(run_faq=False, run_doc=True)), RULES, cfg)
     assert err.value.violations[0].field == "filters.collections"
+
+
+def test_sub_search_reports_aggregate_to_one_per_leg_kind() -> None:
+    from service.domain import LegKind, LegReport, LegStatus, LegTiming
+    from service.pipeline.legs import LegRun
+    from service.pipeline.plan_execution import _aggregate
+
+    parts = [
+        ("faq", LegRun(LegReport(LegKind.BM25, LegStatus.OK, 3.0, 4), [])),
+        ("doc", LegRun(LegReport(LegKind.BM25, LegStatus.TIMEOUT, 9.0, 1, "engine reported timed_out"), [])),
+        ("faq", LegRun(LegReport(LegKind.KNN, LegStatus.OK, 5.0, 2, "", LegTiming(1, 2, 3)), [])),
+        ("doc", LegRun(LegReport(LegKind.KNN, LegStatus.OK, 7.0, 3, "", LegTiming(1, 1, 1)), [])),
+    ]
+    bm25 = _aggregate(LegKind.BM25, parts).report
+    assert (bm25.status, bm25.latency_ms, bm25.hit_count) == (LegStatus.TIMEOUT, 9.0, 5)
+    assert bm25.detail == "doc: engine reported timed_out"
+    knn = _aggregate(LegKind.KNN, parts).report
+    assert (knn.status, knn.hit_count, knn.timing) == (LegStatus.OK, 5, LegTiming(2, 3, 4))
+    errored = parts + [("doc/variant 1", LegRun(LegReport(LegKind.KNN, LegStatus.ERROR, 1.0, 0, "boom"), []))]
+    assert _aggregate(LegKind.KNN, errored).report.status is LegStatus.ERROR
+    assert _aggregate(LegKind.RERANK, parts).report.status is LegStatus.SKIPPED
