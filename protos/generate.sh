@@ -16,7 +16,7 @@ mkdir -p "$out"
   --mypy_out="$out" --mypy_grpc_out="$out" \
   "$here"/retrieval/v1/*.proto 2> >(grep -v "^Writing mypy" >&2)
 # Only the files that define services keep their *_grpc modules.
-for f in "$out"/retrieval/v1/types_pb2_grpc.py "$out"/retrieval/v1/types_pb2_grpc.pyi; do rm -f "$f"; done
+for f in "$out"/retrieval/v1/{types,plan}_pb2_grpc.py "$out"/retrieval/v1/{types,plan}_pb2_grpc.pyi; do rm -f "$f"; done
 find "$out" -name '*.py' -o -name '*.pyi' | while read -r f; do
   sed -i "s/^from retrieval\.v1 import /from ${prefix}.retrieval.v1 import /" "$f"
 done

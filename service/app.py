@@ -19,6 +19,7 @@ from service.models.base import CrossEncoderBackend, EmbeddingBackend
 from service.models.runtime import ModelRuntime
 from service.pipeline.attempt import AttemptRunner
 from service.pipeline.quality import QualityModel, load_calibration
+from service.planning.rules import PlanRules, load_rules
 
 log = logging.getLogger(__name__)
 
@@ -185,12 +186,14 @@ class App:
     ingestor: Ingestor
     writer: AttemptWriter
     ledger_ops: LedgerOperations
+    plan_rules: PlanRules
 
     @classmethod
     def build(
         cls, cfg: Config, *, embedder: EmbeddingBackend | None = None,
         reranker: CrossEncoderBackend | None = None, engine: Engine | None = None,
     ) -> App:
+        plan_rules = load_rules(cfg.plan_rules_file or None)  # first: a bad rules file stops start-up
         embedder = embedder or load_embedding_backend(cfg)
         choice = RerankerChoice(reranker, alpha=_alpha(cfg, None)) if reranker is not None else resolve_reranker(cfg)
         reranker = choice.backend
@@ -207,7 +210,8 @@ class App:
                                rerank_unavailable=choice.reason, quality=load_quality_model(cfg, embedder, choice),
                                writer=writer)
         return cls(cfg, engine, runtime, ledger, runner,
-                   Ingestor(cfg, engine, runtime), writer, LedgerOperations(ledger, writer, cfg.critical_gap_threshold))
+                   Ingestor(cfg, engine, runtime), writer, LedgerOperations(ledger, writer, cfg.critical_gap_threshold),
+                   plan_rules)
 
     async def start(self) -> None:
         await self.ledger.start()

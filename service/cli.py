@@ -3,6 +3,7 @@
     python -m service serve --listen 127.0.0.1:50051 --data-dir data
     python -m service ingest --target 127.0.0.1:50051 docs.jsonl
     python -m service query --target 127.0.0.1:50051 "how do I reset my password" [--json]
+    python -m service plan "那审批呢" --history "报销流程是什么" [--intent follow_up --confidence 0.75]
 """
 
 from __future__ import annotations
@@ -59,10 +60,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cfg = load_config(
         Path(args.config) if args.config else None, listen=args.listen, data_dir=args.data_dir,
         opensearch_url=args.opensearch_url, embedding_model=args.embedding_model,
-        reranker_model=args.reranker_model, api_keys_file=args.api_keys,
+        reranker_model=args.reranker_model, api_keys_file=args.api_keys, plan_rules_file=args.plan_rules,
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = App.build(cfg)
+    from service.planning.rules import RulesError
+
+    try:
+        app = App.build(cfg)
+    except RulesError as exc:
+        print(f"error: invalid plan rules: {exc}", file=sys.stderr)
+        return 2
 
     async def ready(addr: str) -> None:
         print(f"serving retrieval.v1 on {addr} (engine: {cfg.engine_kind}, data: {cfg.data_dir})", flush=True)
@@ -147,7 +154,47 @@ def _request(args: argparse.Namespace) -> Any:
         req.options.legs.append(types_pb2.LegKind.Value(f"LEG_KIND_{leg.upper()}"))
     if args.rerank:
         req.options.rerank = types_pb2.RerankMode.Value(f"RERANK_MODE_{args.rerank.upper()}")
+    req.history.extend(args.history or [])
+    req.query_variants.extend(args.variant or [])
+    if args.plan or args.intent:  # the server builds the plan (classifying when no --intent)
+        req.intent.CopyFrom(_intent(args))
     return req
+
+
+def _intent(args: argparse.Namespace) -> Any:
+    from service._gen.retrieval.v1 import plan_pb2
+
+    signals = plan_pb2.IntentSignals()
+    if args.intent:
+        signals.intent = plan_pb2.Intent.Value(f"INTENT_{args.intent.upper()}")
+    if args.rule_score is not None:
+        signals.rule_score = args.rule_score
+    if args.confidence is not None:
+        signals.confidence = args.confidence
+    return signals
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Print the plan the server would execute (BuildPlan); nothing is searched."""
+    import grpc
+
+    from service._gen.retrieval.v1 import plan_pb2, retrieval_pb2_grpc
+
+    async def run() -> int:
+        async with grpc.aio.insecure_channel(args.target) as channel:
+            stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)
+            metadata = (("x-api-key", args.api_key),) if args.api_key else None
+            req = plan_pb2.BuildPlanRequest(query=args.query, history=args.history or [], intent=_intent(args))
+            try:
+                res = await stub.BuildPlan(req, timeout=args.timeout, metadata=metadata)
+            except grpc.aio.AioRpcError as err:
+                print(f"error: {err.code().name}: {err.details()}", file=sys.stderr)
+                return 2
+            print(json.dumps(MessageToDict(res, preserving_proto_field_name=True,
+                                           always_print_fields_with_no_presence=True), ensure_ascii=False, indent=2))
+        return 0
+
+    return asyncio.run(run())
 
 
 def _print_event(ev: Any) -> None:
@@ -167,6 +214,8 @@ def _print_event(ev: Any) -> None:
         print("   " + e.excerpt.replace("\n", " ")[:300])
     else:
         r = ev.result
+        if r.HasField("plan"):
+            print(f"\nplan {r.plan.reason}  variants {list(r.query_variants)}  faq_direct {r.faq_direct}")
         print(f"\noutcome {types_pb2.AttemptOutcome.Name(r.outcome)[16:]}  "
               f"relevance {types_pb2.RelevanceLevel.Name(r.relevance_level)[16:] or 'NONE'}  "
               f"returned {r.returned_count}  degraded {r.degraded}  truncated {r.truncated}  "
@@ -237,6 +286,14 @@ def cmd_demo_corpus(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--history", action="append", help="an earlier question of the conversation (repeat, oldest first)")
+    p.add_argument("--intent", choices=["faq_query", "knowledge_query", "follow_up", "greeting", "handoff",
+                                        "out_of_scope"], help="the caller's intent (default: the server classifies)")
+    p.add_argument("--rule-score", type=float, default=None)
+    p.add_argument("--confidence", type=float, default=None)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m service", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -250,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--reranker-model", default=None)
     s.add_argument("--api-keys", default=None, help="TOML file of API keys (enables auth)")
     s.add_argument("--config", default=None, help="TOML config file")
+    s.add_argument("--plan-rules", default=None, help="TOML plan rules merged over the shipped ones")
     s.add_argument("--demo", action="store_true", help="ingest the demo corpus once serving")
     s.set_defaults(fn=cmd_serve)
 
@@ -273,7 +331,18 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--api-key", default="")
     q.add_argument("--json", action="store_true", help="one JSON object per event")
     q.add_argument("--lookup", action="store_true", help="call Lookup (agent projection) instead")
+    _plan_arguments(q)
+    q.add_argument("--plan", action="store_true", help="execute a retrieval plan built by the server from intent")
+    q.add_argument("--variant", action="append", help="an extra phrasing of the query (fused with RRF)")
     q.set_defaults(fn=cmd_query)
+
+    pl = sub.add_parser("plan", help="print the retrieval plan the server builds for a question (BuildPlan)")
+    pl.add_argument("query")
+    pl.add_argument("--target", default="127.0.0.1:50051")
+    pl.add_argument("--timeout", type=float, default=10.0)
+    pl.add_argument("--api-key", default="")
+    _plan_arguments(pl)
+    pl.set_defaults(fn=cmd_plan)
 
     m = sub.add_parser("models", help="model tools")
     msub = m.add_subparsers(dest="models_cmd", required=True)

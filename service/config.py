@@ -68,6 +68,9 @@ class Config:
     precise_threshold: float = 0.75
     reference_threshold: float = 0.5
     max_context_chars: int = 6000
+    # Retrieval plan rules merged over the shipped service/planning/default_rules.toml
+    # (empty: the shipped rules). Validated at start: a bad file stops the server.
+    plan_rules_file: str = ""
     retry_unfiltered_keys: tuple[str, ...] = ("category",)
     # A filtered attempt whose best candidate's quality (a calibrated probability) is below
     # this retries once without those keys. Below reference_threshold: on the calibrated

@@ -102,3 +102,4 @@ class AttemptRecord:
     budget_after: int | None = None
     total_ms: float = 0.0
     model_ids: list[str] = field(default_factory=list)
+    plan_reason: str = ""  # the executed plan's reason; "" without a plan

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from service._gen.retrieval.v1 import corpus_pb2, retrieval_pb2, types_pb2
+from service.api.plan_convert import intent_from_pb, plan_from_pb, plan_to_pb
 from service.domain import (
     AttemptRecord,
     GapKind,
@@ -70,6 +71,10 @@ def request_from_pb(m: retrieval_pb2.RetrieveRequest) -> tuple[AttemptRequest, l
         kind = {types_pb2.GAP_KIND_USER_INFORMATION: GapKind.USER_INFORMATION,
                 types_pb2.GAP_KIND_EXTERNAL_KNOWLEDGE: GapKind.EXTERNAL_KNOWLEDGE}.get(g.kind, GapKind.UNSPECIFIED)
         gap = Gap(g.gap_id, kind, g.question, g.rationale, g.criticality, g.targeted_query)
+    intent = None
+    if m.HasField("intent"):
+        intent, intent_errors = intent_from_pb(m.intent)
+        bad.extend(intent_errors)
     return AttemptRequest(
         query=m.query, top_k=m.top_k, run_id=m.run_id, collections=tuple(collections),
         source_ids=tuple(m.filters.source_ids), metadata=dict(m.filters.metadata),
@@ -77,6 +82,8 @@ def request_from_pb(m: retrieval_pb2.RetrieveRequest) -> tuple[AttemptRequest, l
         max_context_chars=m.options.max_context_chars, gap=gap, tool_call_id=m.tool_call_id,
         budget_max_searches=m.budget.max_searches, budget_max_results=m.budget.max_results_per_search,
         version_pins=dict(m.version_pins), require_gap=m.budget.require_gap,
+        plan=plan_from_pb(m.plan) if m.HasField("plan") else None, intent=intent,
+        history=tuple(m.history), query_variants=tuple(m.query_variants),
     ), bad
 
 
@@ -139,7 +146,10 @@ def result_to_pb(r: AttemptResultOut) -> retrieval_pb2.AttemptResult:
                         else types_pb2.QualitySource.Value(f"QUALITY_SOURCE_{r.quality_source.value}")),
         top_quality=r.top_quality, retried_unfiltered=r.retried_unfiltered,
         timing=timing_to_pb(r.timing, r.total_ms), model_ids=r.model_ids, engine=r.engine,
+        faq_direct=r.faq_direct, faq_direct_evidence_id=r.faq_direct_evidence_id, query_variants=r.query_variants,
     )
+    if r.plan is not None:
+        msg.plan.CopyFrom(plan_to_pb(r.plan))
     if r.budget_before is not None:
         msg.budget_before = r.budget_before
     if r.budget_after is not None:
@@ -156,7 +166,7 @@ def lookup_to_pb(query: str, tool_call_id: str, r: AttemptResultOut, evidence: l
             document_id=e.candidate.chunk.chunk_id, source=e.candidate.chunk.source_id,
             title=e.candidate.chunk.title, breadcrumb=e.candidate.chunk.breadcrumb, excerpt=e.excerpt)
             for e in evidence],
-        returned_count=len(evidence), truncated=r.truncated,
+        returned_count=len(evidence), truncated=r.truncated, faq_direct=r.faq_direct,
     )
     if r.relevance_level is not RelevanceLevel.NONE:
         msg.relevance_level = relevance_to_pb(r.relevance_level)
@@ -171,6 +181,7 @@ def record_to_pb(a: AttemptRecord) -> retrieval_pb2.AttemptRecord:
         outcome=outcome_to_pb(a.outcome), stopping_reason=a.stopping_reason,
         legs=[leg_to_pb(x) for x in a.legs], principal=a.principal,
         created_at_ms=a.created_at_ms, total_ms=a.total_ms, model_ids=a.model_ids,
+        plan_reason=a.plan_reason,
     )
     if a.budget_before is not None:
         msg.budget_before = a.budget_before

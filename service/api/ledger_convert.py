@@ -46,7 +46,7 @@ def attempt_to_pb(a: AttemptRecord) -> ledger_pb2.RunAttempt:
     msg = ledger_pb2.RunAttempt(
         attempt_id=a.attempt_id, gap_id=a.gap_id, query=a.query,
         # The plan's reason once attempts run under retrieval plans (a field the record may not have yet).
-        plan_reason=str(getattr(a, "plan_reason", "") or ""),
+        plan_reason=a.plan_reason,
         evidence=[evidence_ref(e) for e in a.evidence_ids], retrieved_count=a.retrieved_count,
         admissible_count=a.admissible_count, outcome=outcome_to_pb(a.outcome), stopping_reason=a.stopping_reason,
         legs=[leg_to_pb(x) for x in a.legs], principal=a.principal, model_ids=a.model_ids,

@@ -12,7 +12,8 @@ from typing import Any
 import grpc
 
 from service._gen.retrieval.v1 import corpus_pb2, corpus_pb2_grpc, retrieval_pb2, retrieval_pb2_grpc
-from service.api import convert
+from service._gen.retrieval.v1 import plan_pb2
+from service.api import convert, plan_convert
 from service.api.auth import Authenticator
 from service.api.errors import LOOKUP_OUTCOME_ERRORS, abort_with
 from service.app import App
@@ -20,7 +21,9 @@ from service.engines.base import EngineError
 from service.errors import BackendFailure, DomainError, InvalidArgument, NotFound, Overloaded, ShuttingDown
 from service.ingest.ingestor import IngestOutcome
 from service.pipeline.attempt import AttemptResultOut, EvidenceEvent, EvidenceOut, LegEvent, ResultEvent
+from service.pipeline.plan_execution import resolve_plan
 from service.pipeline.request import AttemptRequest, Principal, validate
+from service.planning.planner import IntentInput, build_plan
 
 log = logging.getLogger(__name__)
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -71,6 +74,7 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         req, conversion_errors = convert.request_from_pb(request)
         validate(req, self.app.cfg, self.app.runtime.reranker is not None, conversion_errors,
                  self.app.runner.rerank_unavailable)
+        req = resolve_plan(req, self.app.plan_rules, self.app.cfg)
         self.admission.admit()
         return req, principal
 
@@ -137,6 +141,21 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
             await abort_with(context, exc)
             raise AssertionError("unreachable")
         return retrieval_pb2.GetAttemptResponse(attempt=convert.record_to_pb(record))
+
+    async def BuildPlan(  # noqa: N802
+        self, request: plan_pb2.BuildPlanRequest, context: Context
+    ) -> plan_pb2.BuildPlanResponse:
+        try:
+            self.auth.authenticate(context)
+            intent, bad = (plan_convert.intent_from_pb(request.intent) if request.HasField("intent")
+                           else (IntentInput(), []))
+            probe = AttemptRequest(query=request.query, top_k=1)
+            validate(probe, self.app.cfg, True, bad)
+            built = build_plan(request.query, list(request.history), intent, self.app.plan_rules)
+        except DomainError as exc:
+            await abort_with(context, exc)
+            raise AssertionError("unreachable")
+        return plan_convert.built_plan_to_pb(built)
 
 
 def parse_evidence_id(evidence_id: str) -> tuple[str, int, str]:

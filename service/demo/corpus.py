@@ -132,6 +132,36 @@ DEMO_DOCUMENTS: list[dict[str, Any]] = [
         "text": "Escalate outages to the on-call engineer through the paging rotation named orion-pager within 10 minutes.",
     },
     {
+        "source_id": "kb-desktop-requirements", "version": "v1", "collection": "doc",
+        "title": "System requirements",
+        "breadcrumb": "Help Center > Getting started",
+        "metadata": {"category": "troubleshooting", "lang": "en"},
+        "text": (
+            "# Supported versions\n"
+            "Which versions does the desktop app need? It needs Windows 10 or later, or macOS 12 or "
+            "later, with 4 GB of memory and 2 GB of free disk space. Older versions are not supported."
+        ),
+    },
+    {
+        "source_id": "kb-mobile-app", "version": "v1", "collection": "doc",
+        "title": "Installing the mobile app",
+        "breadcrumb": "Help Center > Mobile",
+        "metadata": {"lang": "en"},
+        "text": (
+            "# Installing the mobile app\n"
+            "Download the mobile app from the App Store or Google Play and sign in with your work email.\n\n"
+            "# Supported phones\n"
+            "The mobile app needs iOS 16 or Android 12 or later."
+        ),
+    },
+    {
+        "source_id": "faq-expense-zh", "version": "v1", "collection": "faq",
+        "title": "报销流程是什么？",
+        "breadcrumb": "常见问题 > 报销",
+        "metadata": {"lang": "zh"},
+        "text": "报销流程是什么？在费用系统提交报销单并上传票据，直属经理审批通过后，财务在五个工作日内付款。",
+    },
+    {
         "source_id": "faq-change-email", "version": "v1", "collection": "faq",
         "title": "How do I change my email address?",
         "breadcrumb": "FAQ > Account",

@@ -43,7 +43,10 @@ from service.eval.metrics import METRICS, evaluate, per_query, percentile
 
 log = logging.getLogger(__name__)
 
-MODES = ("bm25", "knn", "hybrid", "hybrid+rerank")
+# "plan": the retrieval plan the rule-based classifier builds for each question (FAQ and
+# document collections, per-collection top_k, rerank as planned), with its context count
+# and budget lifted to top_k so the ranking compares with the other modes at equal length.
+MODES = ("bm25", "knn", "hybrid", "hybrid+rerank", "plan")
 MODELS = {"int8": "multilingual-e5-small-int8", "fp32": "multilingual-e5-small-fp32"}
 TOP_K = 100
 # Requests ask for everything: no context budget cut (the default 6000 chars would return
@@ -298,9 +301,38 @@ async def _ingest(settings: EvalSettings, live: _Live, judged: Judged, label: st
             "seconds": round(elapsed, 1), **cache}
 
 
+_RULES: list[Any] = []
+
+
+def _rules(load: Any) -> Any:
+    if not _RULES:
+        _RULES.append(load())
+    return _RULES[0]
+
+
+def _plan_request(query: str, top_k: int) -> Any:
+    from service._gen.retrieval.v1 import retrieval_pb2
+    from service.api.plan_convert import plan_to_pb
+    from service.errors import InvalidArgument
+    from service.planning.planner import IntentInput, build_plan
+    from service.planning.rules import load_rules
+
+    rules = _rules(load_rules)
+    try:
+        built = build_plan(query, [], IntentInput(), rules)
+    except InvalidArgument:  # classified as greeting/hand-off: plan it as a knowledge question
+        built = build_plan(query, [], IntentInput("knowledge_query"), rules)
+    plan = dataclasses.replace(built.plan, final_context_top_n=top_k, max_context_chars=NO_BUDGET, max_context_doc_chars=0)
+    return retrieval_pb2.RetrieveRequest(
+        query=query, top_k=top_k, plan=plan_to_pb(plan),
+        options=retrieval_pb2.RetrievalOptions(max_context_chars=NO_BUDGET, min_quality=NO_QUALITY_GATE))
+
+
 def _request(query: str, mode: str, top_k: int) -> Any:
     from service._gen.retrieval.v1 import retrieval_pb2, types_pb2
 
+    if mode == "plan":
+        return _plan_request(query, top_k)
     legs = {"bm25": [types_pb2.LEG_KIND_BM25], "knn": [types_pb2.LEG_KIND_KNN]}.get(mode, [])
     rerank = types_pb2.RERANK_MODE_ON if mode == "hybrid+rerank" else types_pb2.RERANK_MODE_OFF
     return retrieval_pb2.RetrieveRequest(
@@ -467,7 +499,7 @@ async def evaluate_service(judged: Judged, settings: EvalSettings) -> dict[str, 
                 ingests[model] = await _ingest(settings, live, judged, model)
                 _say(settings, f"[{model}] ingest: {ingests[model]}")
             for mode in modes:
-                if mode == "hybrid+rerank":
+                if mode in ("hybrid+rerank", "plan"):
                     reason = _rerank_skip_reason(settings, live)
                     if reason:
                         results.append(ModeResult(model, mode, "skipped", reason))

@@ -45,11 +45,15 @@ from service.ledger.base import NO_GAP_IN_RUN, Ledger, LedgerUnavailable
 from service.ledger.writer import AttemptWriter
 from service.models.runtime import ModelRuntime, Timing
 from service.pipeline.fusion import Candidate, FusionParams, fusion_for, interpolate, is_cjk, max_rrf_score, rrf
+from service.pipeline.context_budget import apply_plan_budget
+from service.pipeline.legs import LegRun as _LegRun
+from service.pipeline.plan_execution import faq_direct_answer, rerank_query, search_planned
 from service.pipeline.postprocess import admissible, apply_context_budget, dedupe
 from service.pipeline.quality import QualityModel
 from service.pipeline.recording import entry_for, reserve
 from service.pipeline.relevance import relevance_level
 from service.pipeline.request import AttemptRequest, Principal
+from service.planning.plan import RetrievalPlan
 
 CHANNEL = "knowledge_base"
 # Kept back from the caller's deadline for fusion, post-processing and the reply.
@@ -90,6 +94,11 @@ class AttemptResultOut:
     engine: str = ""
     # Retrieved but inadmissible (draft, retired, wrong version): observed, never returned.
     inadmissible_ids: list[str] = field(default_factory=list)
+    # Plan execution (None / empty without a plan).
+    plan: RetrievalPlan | None = None
+    faq_direct: bool = False
+    faq_direct_evidence_id: str = ""
+    query_variants: list[str] = field(default_factory=list)
 
     @property
     def evidence_found(self) -> bool:
@@ -112,12 +121,6 @@ class ResultEvent:
 
 
 Event = LegEvent | EvidenceEvent | ResultEvent
-
-
-@dataclass
-class _LegRun:
-    report: LegReport
-    hits: list[Hit]
 
 
 def _classify(exc: BaseException) -> tuple[LegStatus, str]:
@@ -163,11 +166,11 @@ class AttemptRunner:
 
     # -- legs -------------------------------------------------------------------------
 
-    async def _bm25(self, query: str, flt: SearchFilter, share_s: float) -> _LegRun:
+    async def _bm25(self, query: str, flt: SearchFilter, share_s: float, size: int) -> _LegRun:
         t0 = time.monotonic()
         try:
             resp = await asyncio.wait_for(
-                self.engine.bm25(query, self.cfg.candidates_per_leg, flt, share_s), share_s
+                self.engine.bm25(query, size, flt, share_s), share_s
             )
         except asyncio.CancelledError:
             raise
@@ -176,7 +179,7 @@ class AttemptRunner:
             return _LegRun(LegReport(LegKind.BM25, status, (time.monotonic() - t0) * 1000, 0, detail), [])
         return _from_response(LegKind.BM25, resp, (time.monotonic() - t0) * 1000)
 
-    async def _knn(self, query: str, flt: SearchFilter, share_s: float) -> _LegRun:
+    async def _knn(self, query: str, flt: SearchFilter, share_s: float, size: int) -> _LegRun:
         t0 = time.monotonic()
         deadline = t0 + share_s
         timing = Timing()
@@ -186,7 +189,7 @@ class AttemptRunner:
             if left <= 0:
                 raise DeadlineExceeded("no time left for the vector search after embedding")
             resp = await asyncio.wait_for(
-                self.engine.knn(vector, self.cfg.candidates_per_leg, flt, left), left
+                self.engine.knn(vector, size, flt, left), left
             )
         except asyncio.CancelledError:
             raise
@@ -199,14 +202,14 @@ class AttemptRunner:
         return run
 
     async def _search(
-        self, req: AttemptRequest, flt: SearchFilter, legs: tuple[LegKind, ...], deadline: float
+        self, query: str, flt: SearchFilter, legs: tuple[LegKind, ...], deadline: float, size: int
     ) -> AsyncIterator[_LegRun]:
         share = max(0.0, (deadline - time.monotonic() - _REPLY_MARGIN_S) * self.cfg.retrieval_share)
         calls: list[Awaitable[_LegRun]] = []
         if LegKind.BM25 in legs:
-            calls.append(self._bm25(req.query, flt, share))
+            calls.append(self._bm25(query, flt, share, size))
         if LegKind.KNN in legs:
-            calls.append(self._knn(req.query, flt, share))
+            calls.append(self._knn(query, flt, share, size))
         tasks = [asyncio.ensure_future(c) for c in calls]
         try:
             for next_done in asyncio.as_completed(tasks):
@@ -277,14 +280,26 @@ class AttemptRunner:
         acl = None if principal.unrestricted else principal.groups
         flt = SearchFilter(req.collections, req.source_ids, dict(req.metadata), acl)
 
-        # 2. Legs, concurrently; retried once without the category filter when weak.
+        # 2. Legs, concurrently; retried once without the category filter when weak. A plan
+        # (or query variants) searches each collection and variant on its own and merges.
         runs: list[_LegRun] = []
-        async for r in self._emit_legs(req, flt, legs, deadline):
-            runs.append(r)
-            yield LegEvent(r.report)  # as each leg finishes
-        candidates = self._fuse(runs, fusion)
         retry_keys = [k for k in cfg.retry_unfiltered_keys if k in flt.metadata]
-        if retry_keys and self._weak(candidates, runs, fusion, req.query) and time.monotonic() < deadline - _REPLY_MARGIN_S:
+        if req.plan is not None or req.query_variants:
+            def judge(cands: list[Candidate], legs_run: list[_LegRun]) -> None:
+                legs_key, answered_max = self._answered(legs_run, fusion)
+                self.quality.assign_all(cands, reranked=False, max_fused=self._max_fused(legs_run, fusion),
+                                        cjk=is_cjk(req.query), legs=legs_key, answered_max_fused=answered_max)
+
+            searched = await search_planned(self._search, req, flt, legs, deadline, fusion, cfg.candidates_per_leg, judge)
+            runs, candidates, result.query_variants, result.plan = searched.runs, searched.candidates, searched.variants, req.plan
+            for r in runs:
+                yield LegEvent(r.report)
+        else:
+            async for r in self._emit_legs(req, flt, legs, deadline):
+                runs.append(r)
+                yield LegEvent(r.report)  # as each leg finishes
+            candidates = self._fuse(runs, fusion)
+        if not result.query_variants and retry_keys and self._weak(candidates, runs, fusion, req.query) and time.monotonic() < deadline - _REPLY_MARGIN_S:
             loose = SearchFilter(flt.collections, flt.source_ids,
                                  {k: v for k, v in flt.metadata.items() if k not in retry_keys}, flt.acl_groups)
             runs = []
@@ -332,7 +347,7 @@ class AttemptRunner:
 
         # 4. Rerank (falls back to the fused order on timeout/failure, and says so).
         max_fused = self._max_fused(runs, fusion)
-        reranked = await self._rerank(req, ranked, deadline, result)
+        reranked = await self._rerank(req, ranked, deadline, result, query=rerank_query(req))
 
         # 5. Quality, gate, relevance, budget.
         legs_key, answered_max = self._answered(runs, fusion)
@@ -353,7 +368,14 @@ class AttemptRunner:
         result.quality_source = sources[ranked.index(top)]
         result.relevance_level = relevance_level(top.quality, cfg.precise_threshold, cfg.reference_threshold)
         budget = req.max_context_chars or cfg.max_context_chars
-        items, truncated = apply_context_budget(gated, top_k, budget)
+        if req.plan is not None:  # the FAQ direct answer goes first, then the plan's budget
+            direct = faq_direct_answer(gated, req.plan.faq_direct_threshold, req.plan.faq_direct_exact_only, req.query)
+            if direct is not None:
+                gated = [direct] + [c for c in gated if c is not direct]
+                result.faq_direct, result.faq_direct_evidence_id = True, direct.chunk.chunk_id
+            items, truncated = apply_plan_budget(gated, top_k, req.plan, req.max_context_chars or cfg.max_context_chars)
+        else:
+            items, truncated = apply_context_budget(gated, top_k, budget)
         result.truncated = truncated
         result.outcome, result.stopping_reason = Outcome.EVIDENCE_FOUND, (
             "completed_degraded" if result.degraded else "completed"
@@ -369,7 +391,7 @@ class AttemptRunner:
         self, req: AttemptRequest, flt: SearchFilter, legs: tuple[LegKind, ...], deadline: float
     ) -> AsyncIterator[_LegRun]:
         skipped = [k for k in (LegKind.BM25, LegKind.KNN) if k not in legs]
-        async for run in self._search(req, flt, legs, deadline):
+        async for run in self._search(req.query, flt, legs, deadline, self.cfg.candidates_per_leg):
             yield run
         for kind in skipped:
             yield _LegRun(LegReport(kind, LegStatus.SKIPPED, 0.0, 0, "not requested"), [])
@@ -417,6 +439,7 @@ class AttemptRunner:
 
     async def _rerank(
         self, req: AttemptRequest, ranked: list[Candidate], deadline: float, result: AttemptResultOut,
+        query: str | None = None,
     ) -> bool:
         if req.rerank is False or self.runtime.reranker is None:
             self._add_rerank_report(result, LegStatus.SKIPPED, "", req)
@@ -430,7 +453,7 @@ class AttemptRunner:
                 raise DeadlineExceeded("no time left for reranking")
             passages = [f"{c.chunk.title}\n{c.chunk.text}" for c in head]
             scores, timing = await asyncio.wait_for(
-                self.runtime.rerank(req.query, passages, t0 + left), left
+                self.runtime.rerank(query or req.query, passages, t0 + left), left
             )
         except asyncio.CancelledError:
             raise

@@ -46,6 +46,7 @@ def entry_for(
         retrieved_count=result.retrieved_count, admissible_count=result.admissible_count,
         legs=list(result.legs), budget_before=result.budget_before, budget_after=result.budget_after,
         total_ms=result.total_ms, model_ids=result.model_ids,
+        plan_reason=req.plan.reason if req.plan is not None else "",
     )
     observations: list[Observation] = []
     gap = None

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from service.config import Config
 from service.domain import COLLECTIONS, GapKind, LegKind
 from service.errors import FieldViolation, InvalidArgument
+from service.planning.plan import RetrievalPlan
+from service.planning.planner import IntentInput
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,16 @@ class AttemptRequest:
     version_pins: dict[str, str] = field(default_factory=dict)
     # Create the run so that an attempt without a gap is refused (no gap, no search).
     require_gap: bool = False
+    # Retrieval plans (service/pipeline/plan_execution.py): an explicit plan, or intent
+    # signals / history to build one from; extra phrasings of the query.
+    plan: RetrievalPlan | None = None
+    intent: IntentInput | None = None
+    history: tuple[str, ...] = ()
+    query_variants: tuple[str, ...] = ()
+
+    @property
+    def planned(self) -> bool:
+        return self.plan is not None or self.intent is not None or bool(self.history)
 
 
 def validate(
@@ -67,7 +79,7 @@ def validate(
         v.append(FieldViolation("query", "must not be empty"))
     elif len(req.query) > cfg.max_query_chars:
         v.append(FieldViolation("query", f"is {len(req.query)} characters; at most {cfg.max_query_chars}"))
-    if req.top_k == 0:
+    if req.top_k == 0 and not req.planned:  # planned: 0 = the plan's final_context_top_n
         v.append(FieldViolation("top_k", f"must be between 1 and {cfg.max_top_k}"))
     elif req.top_k > cfg.max_top_k:
         v.append(FieldViolation("top_k", f"is {req.top_k}; at most {cfg.max_top_k}"))

@@ -7,6 +7,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from retrieval_client._gen.retrieval.v1 import plan_pb2 as _plan_pb2
 from retrieval_client._gen.retrieval.v1 import types_pb2 as _types_pb2
 import builtins as _builtins
 import sys
@@ -54,6 +55,10 @@ class RetrieveRequest(_message.Message):
     TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
     BUDGET_FIELD_NUMBER: _builtins.int
     VERSION_PINS_FIELD_NUMBER: _builtins.int
+    PLAN_FIELD_NUMBER: _builtins.int
+    INTENT_FIELD_NUMBER: _builtins.int
+    HISTORY_FIELD_NUMBER: _builtins.int
+    QUERY_VARIANTS_FIELD_NUMBER: _builtins.int
     query: _builtins.str
     """Free text, Chinese or English. Required; at most `max_query_chars` (server config,
     default 2000) characters.
@@ -88,6 +93,33 @@ class RetrieveRequest(_message.Message):
         version" otherwise). Keys are source ids, values versions.
         """
 
+    @_builtins.property
+    def plan(self) -> _plan_pb2.RetrievalPlan:
+        """An explicit plan to execute (see BuildPlan). It wins over `intent`; a malformed plan
+        is INVALID_ARGUMENT naming the plan field. With a plan (or intent or history) the FAQ
+        and document collections are searched separately, each with its own top_k, and
+        merged; top_k may be 0 (then the plan's final_context_top_n).
+        """
+
+    @_builtins.property
+    def intent(self) -> _plan_pb2.IntentSignals:
+        """Intent signals: the server builds the plan from them, as BuildPlan would (an
+        UNSPECIFIED intent is classified). GREETING, HANDOFF and OUT_OF_SCOPE are
+        INVALID_ARGUMENT.
+        """
+
+    @_builtins.property
+    def history(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Earlier user questions of the conversation, oldest first. Given without plan or
+        intent, the server plans (and classifies) too.
+        """
+
+    @_builtins.property
+    def query_variants(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Extra phrasings of the query. Each is retrieved and the lists are fused with RRF
+        (with or without a plan); at most 4.
+        """
+
     def __init__(
         self,
         *,
@@ -100,10 +132,14 @@ class RetrieveRequest(_message.Message):
         tool_call_id: _builtins.str = ...,
         budget: Global___RunBudget | None = ...,
         version_pins: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        plan: _plan_pb2.RetrievalPlan | None = ...,
+        intent: _plan_pb2.IntentSignals | None = ...,
+        history: _abc.Iterable[_builtins.str] | None = ...,
+        query_variants: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "filters", b"filters", "gap", b"gap", "options", b"options"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "filters", b"filters", "gap", b"gap", "intent", b"intent", "options", b"options", "plan", b"plan"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "filters", b"filters", "gap", b"gap", "options", b"options", "query", b"query", "run_id", b"run_id", "tool_call_id", b"tool_call_id", "top_k", b"top_k", "version_pins", b"version_pins"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "filters", b"filters", "gap", b"gap", "history", b"history", "intent", b"intent", "options", b"options", "plan", b"plan", "query", b"query", "query_variants", b"query_variants", "run_id", b"run_id", "tool_call_id", b"tool_call_id", "top_k", b"top_k", "version_pins", b"version_pins"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -498,6 +534,10 @@ class AttemptResult(_message.Message):
     TIMING_FIELD_NUMBER: _builtins.int
     MODEL_IDS_FIELD_NUMBER: _builtins.int
     ENGINE_FIELD_NUMBER: _builtins.int
+    PLAN_FIELD_NUMBER: _builtins.int
+    FAQ_DIRECT_FIELD_NUMBER: _builtins.int
+    FAQ_DIRECT_EVIDENCE_ID_FIELD_NUMBER: _builtins.int
+    QUERY_VARIANTS_FIELD_NUMBER: _builtins.int
     attempt_id: _builtins.str
     outcome: _types_pb2.AttemptOutcome.ValueType
     evidence_status: _types_pb2.EvidenceStatus.ValueType
@@ -528,6 +568,13 @@ class AttemptResult(_message.Message):
     budget_after: _builtins.int
     engine: _builtins.str
     """The engine that served the attempt: "embedded" or "opensearch"."""
+    faq_direct: _builtins.bool
+    """The best FAQ hit answered directly: its calibrated quality reached the plan's
+    faq_direct_threshold (and it was the exact question when the plan is exact-only).
+    Its evidence is the first item.
+    """
+    faq_direct_evidence_id: _builtins.str
+    """The evidence id of the direct FAQ answer; empty when faq_direct is false."""
     @_builtins.property
     def legs(self) -> _containers.RepeatedCompositeFieldContainer[Global___LegReport]: ...
     @_builtins.property
@@ -535,6 +582,14 @@ class AttemptResult(_message.Message):
     @_builtins.property
     def model_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Ids and hashes of the models that served the attempt, e.g. "multilingual-e5-small-int8@ab12cd34"."""
+
+    @_builtins.property
+    def plan(self) -> _plan_pb2.RetrievalPlan:
+        """The plan the attempt executed (absent for an attempt without one)."""
+
+    @_builtins.property
+    def query_variants(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The queries actually retrieved, the query first (one entry without variants)."""
 
     def __init__(
         self,
@@ -558,10 +613,14 @@ class AttemptResult(_message.Message):
         timing: _types_pb2.Timing | None = ...,
         model_ids: _abc.Iterable[_builtins.str] | None = ...,
         engine: _builtins.str = ...,
+        plan: _plan_pb2.RetrievalPlan | None = ...,
+        faq_direct: _builtins.bool = ...,
+        faq_direct_evidence_id: _builtins.str = ...,
+        query_variants: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_budget_after", b"_budget_after", "_budget_before", b"_budget_before", "budget_after", b"budget_after", "budget_before", b"budget_before", "timing", b"timing"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_budget_after", b"_budget_after", "_budget_before", b"_budget_before", "budget_after", b"budget_after", "budget_before", b"budget_before", "plan", b"plan", "timing", b"timing"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_budget_after", b"_budget_after", "_budget_before", b"_budget_before", "admissible_count", b"admissible_count", "attempt_id", b"attempt_id", "budget_after", b"budget_after", "budget_before", b"budget_before", "degraded", b"degraded", "engine", b"engine", "evidence_status", b"evidence_status", "legs", b"legs", "model_ids", b"model_ids", "outcome", b"outcome", "quality_source", b"quality_source", "relevance_level", b"relevance_level", "retried_unfiltered", b"retried_unfiltered", "retrieved_count", b"retrieved_count", "returned_count", b"returned_count", "stopping_reason", b"stopping_reason", "timing", b"timing", "top_quality", b"top_quality", "truncated", b"truncated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_budget_after", b"_budget_after", "_budget_before", b"_budget_before", "admissible_count", b"admissible_count", "attempt_id", b"attempt_id", "budget_after", b"budget_after", "budget_before", b"budget_before", "degraded", b"degraded", "engine", b"engine", "evidence_status", b"evidence_status", "faq_direct", b"faq_direct", "faq_direct_evidence_id", b"faq_direct_evidence_id", "legs", b"legs", "model_ids", b"model_ids", "outcome", b"outcome", "plan", b"plan", "quality_source", b"quality_source", "query_variants", b"query_variants", "relevance_level", b"relevance_level", "retried_unfiltered", b"retried_unfiltered", "retrieved_count", b"retrieved_count", "returned_count", b"returned_count", "stopping_reason", b"stopping_reason", "timing", b"timing", "top_quality", b"top_quality", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__budget_after: _TypeAlias = _typing.Literal["budget_after"]  # noqa: Y015
     _WhichOneofArgType__budget_after: _TypeAlias = _typing.Literal["_budget_after", b"_budget_after"]  # noqa: Y015
@@ -589,6 +648,7 @@ class LookupResult(_message.Message):
     RETURNED_COUNT_FIELD_NUMBER: _builtins.int
     RELEVANCE_LEVEL_FIELD_NUMBER: _builtins.int
     TRUNCATED_FIELD_NUMBER: _builtins.int
+    FAQ_DIRECT_FIELD_NUMBER: _builtins.int
     evidence_status: _types_pb2.EvidenceStatus.ValueType
     tool_call_id: _builtins.str
     query: _builtins.str
@@ -596,6 +656,8 @@ class LookupResult(_message.Message):
     relevance_level: _types_pb2.RelevanceLevel.ValueType
     """Absent when the call reached no relevance level."""
     truncated: _builtins.bool
+    faq_direct: _builtins.bool
+    """An FAQ entry answers the question directly; it is the first evidence item."""
     @_builtins.property
     def evidence(self) -> _containers.RepeatedCompositeFieldContainer[Global___LookupEvidence]: ...
     def __init__(
@@ -608,10 +670,11 @@ class LookupResult(_message.Message):
         returned_count: _builtins.int = ...,
         relevance_level: _types_pb2.RelevanceLevel.ValueType | None = ...,
         truncated: _builtins.bool = ...,
+        faq_direct: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_relevance_level", b"_relevance_level", "relevance_level", b"relevance_level"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_relevance_level", b"_relevance_level", "evidence", b"evidence", "evidence_status", b"evidence_status", "query", b"query", "relevance_level", b"relevance_level", "returned_count", b"returned_count", "tool_call_id", b"tool_call_id", "truncated", b"truncated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_relevance_level", b"_relevance_level", "evidence", b"evidence", "evidence_status", b"evidence_status", "faq_direct", b"faq_direct", "query", b"query", "relevance_level", b"relevance_level", "returned_count", b"returned_count", "tool_call_id", b"tool_call_id", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__relevance_level: _TypeAlias = _typing.Literal["relevance_level"]  # noqa: Y015
     _WhichOneofArgType__relevance_level: _TypeAlias = _typing.Literal["_relevance_level", b"_relevance_level"]  # noqa: Y015
@@ -721,6 +784,7 @@ class AttemptRecord(_message.Message):
     CREATED_AT_MS_FIELD_NUMBER: _builtins.int
     TOTAL_MS_FIELD_NUMBER: _builtins.int
     MODEL_IDS_FIELD_NUMBER: _builtins.int
+    PLAN_REASON_FIELD_NUMBER: _builtins.int
     attempt_id: _builtins.str
     run_id: _builtins.str
     gap_id: _builtins.str
@@ -739,6 +803,8 @@ class AttemptRecord(_message.Message):
     created_at_ms: _builtins.int
     """Unix epoch milliseconds."""
     total_ms: _builtins.float
+    plan_reason: _builtins.str
+    """The reason of the plan the attempt executed (its layers, "_" joined); empty without one."""
     @_builtins.property
     def evidence_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Returned evidence ids, `source#chunk@version`."""
@@ -768,10 +834,11 @@ class AttemptRecord(_message.Message):
         created_at_ms: _builtins.int = ...,
         total_ms: _builtins.float = ...,
         model_ids: _abc.Iterable[_builtins.str] | None = ...,
+        plan_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_budget_after", b"_budget_after", "_budget_before", b"_budget_before", "budget_after", b"budget_after", "budget_before", b"budget_before"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_budget_after", b"_budget_after", "_budget_before", b"_budget_before", "admissible_count", b"admissible_count", "attempt_id", b"attempt_id", "budget_after", b"budget_after", "budget_before", b"budget_before", "channel", b"channel", "created_at_ms", b"created_at_ms", "evidence_ids", b"evidence_ids", "gap_id", b"gap_id", "legs", b"legs", "model_ids", b"model_ids", "outcome", b"outcome", "principal", b"principal", "query", b"query", "requested_top_k", b"requested_top_k", "retrieved_count", b"retrieved_count", "run_id", b"run_id", "stopping_reason", b"stopping_reason", "total_ms", b"total_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_budget_after", b"_budget_after", "_budget_before", b"_budget_before", "admissible_count", b"admissible_count", "attempt_id", b"attempt_id", "budget_after", b"budget_after", "budget_before", b"budget_before", "channel", b"channel", "created_at_ms", b"created_at_ms", "evidence_ids", b"evidence_ids", "gap_id", b"gap_id", "legs", b"legs", "model_ids", b"model_ids", "outcome", b"outcome", "plan_reason", b"plan_reason", "principal", b"principal", "query", b"query", "requested_top_k", b"requested_top_k", "retrieved_count", b"retrieved_count", "run_id", b"run_id", "stopping_reason", b"stopping_reason", "total_ms", b"total_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__budget_after: _TypeAlias = _typing.Literal["budget_after"]  # noqa: Y015
     _WhichOneofArgType__budget_after: _TypeAlias = _typing.Literal["_budget_after", b"_budget_after"]  # noqa: Y015

@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from retrieval_client._gen.retrieval.v1 import plan_pb2 as retrieval_dot_v1_dot_plan__pb2
 from retrieval_client._gen.retrieval.v1 import retrieval_pb2 as retrieval_dot_v1_dot_retrieval__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -63,6 +64,11 @@ class RetrievalServiceStub:
                 request_serializer=retrieval_dot_v1_dot_retrieval__pb2.GetAttemptRequest.SerializeToString,
                 response_deserializer=retrieval_dot_v1_dot_retrieval__pb2.GetAttemptResponse.FromString,
                 _registered_method=True)
+        self.BuildPlan = channel.unary_unary(
+                '/retrieval.v1.RetrievalService/BuildPlan',
+                request_serializer=retrieval_dot_v1_dot_plan__pb2.BuildPlanRequest.SerializeToString,
+                response_deserializer=retrieval_dot_v1_dot_plan__pb2.BuildPlanResponse.FromString,
+                _registered_method=True)
 
 
 class RetrievalServiceServicer:
@@ -118,6 +124,19 @@ class RetrievalServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BuildPlan(self, request, context):
+        """BuildPlan turns a question and intent signals into a RetrievalPlan without searching
+        anything: the rules file's layers (defaults -> intent -> short-query guard ->
+        decision-score guard -> risk category -> table preference), with the intent
+        classified by the server when the caller gives none. Not recorded in the ledger.
+        Status codes: OK, INVALID_ARGUMENT (empty or too long query; an intent that never
+        reaches planning: GREETING, HANDOFF, OUT_OF_SCOPE, named in the violation; FOLLOW_UP
+        without history; scores outside [0, 1]), UNAUTHENTICATED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RetrievalServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -135,6 +154,11 @@ def add_RetrievalServiceServicer_to_server(servicer, server):
                     servicer.GetAttempt,
                     request_deserializer=retrieval_dot_v1_dot_retrieval__pb2.GetAttemptRequest.FromString,
                     response_serializer=retrieval_dot_v1_dot_retrieval__pb2.GetAttemptResponse.SerializeToString,
+            ),
+            'BuildPlan': grpc.unary_unary_rpc_method_handler(
+                    servicer.BuildPlan,
+                    request_deserializer=retrieval_dot_v1_dot_plan__pb2.BuildPlanRequest.FromString,
+                    response_serializer=retrieval_dot_v1_dot_plan__pb2.BuildPlanResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -232,6 +256,33 @@ class RetrievalService:
             '/retrieval.v1.RetrievalService/GetAttempt',
             retrieval_dot_v1_dot_retrieval__pb2.GetAttemptRequest.SerializeToString,
             retrieval_dot_v1_dot_retrieval__pb2.GetAttemptResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BuildPlan(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/retrieval.v1.RetrievalService/BuildPlan',
+            retrieval_dot_v1_dot_plan__pb2.BuildPlanRequest.SerializeToString,
+            retrieval_dot_v1_dot_plan__pb2.BuildPlanResponse.FromString,
             options,
             channel_credentials,
             insecure,

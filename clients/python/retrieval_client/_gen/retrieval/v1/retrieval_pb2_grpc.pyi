@@ -5,6 +5,7 @@ isort:skip_file
 
 from collections import abc as _abc
 from grpc import aio as _aio
+from retrieval_client._gen.retrieval.v1 import plan_pb2 as _plan_pb2
 from retrieval_client._gen.retrieval.v1 import retrieval_pb2 as _retrieval_pb2
 import abc as _abc_1
 import grpc as _grpc
@@ -71,6 +72,15 @@ class RetrievalServiceStub:
     Status codes: OK, INVALID_ARGUMENT (empty id), NOT_FOUND, UNAUTHENTICATED,
     UNAVAILABLE (the ledger store cannot be reached).
     """
+    BuildPlan: _grpc.UnaryUnaryMultiCallable[_plan_pb2.BuildPlanRequest, _plan_pb2.BuildPlanResponse]
+    """BuildPlan turns a question and intent signals into a RetrievalPlan without searching
+    anything: the rules file's layers (defaults -> intent -> short-query guard ->
+    decision-score guard -> risk category -> table preference), with the intent
+    classified by the server when the caller gives none. Not recorded in the ledger.
+    Status codes: OK, INVALID_ARGUMENT (empty or too long query; an intent that never
+    reaches planning: GREETING, HANDOFF, OUT_OF_SCOPE, named in the violation; FOLLOW_UP
+    without history; scores outside [0, 1]), UNAUTHENTICATED.
+    """
 
 @_typing.type_check_only
 class RetrievalServiceAsyncStub(RetrievalServiceStub):
@@ -114,6 +124,15 @@ class RetrievalServiceAsyncStub(RetrievalServiceStub):
     """GetAttempt reads one recorded attempt from the ledger.
     Status codes: OK, INVALID_ARGUMENT (empty id), NOT_FOUND, UNAUTHENTICATED,
     UNAVAILABLE (the ledger store cannot be reached).
+    """
+    BuildPlan: _aio.UnaryUnaryMultiCallable[_plan_pb2.BuildPlanRequest, _plan_pb2.BuildPlanResponse]  # type: ignore[assignment]
+    """BuildPlan turns a question and intent signals into a RetrievalPlan without searching
+    anything: the rules file's layers (defaults -> intent -> short-query guard ->
+    decision-score guard -> risk category -> table preference), with the intent
+    classified by the server when the caller gives none. Not recorded in the ledger.
+    Status codes: OK, INVALID_ARGUMENT (empty or too long query; an intent that never
+    reaches planning: GREETING, HANDOFF, OUT_OF_SCOPE, named in the violation; FOLLOW_UP
+    without history; scores outside [0, 1]), UNAUTHENTICATED.
     """
 
 class RetrievalServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -173,6 +192,21 @@ class RetrievalServiceServicer(metaclass=_abc_1.ABCMeta):
         """GetAttempt reads one recorded attempt from the ledger.
         Status codes: OK, INVALID_ARGUMENT (empty id), NOT_FOUND, UNAUTHENTICATED,
         UNAVAILABLE (the ledger store cannot be reached).
+        """
+
+    @_abc_1.abstractmethod
+    def BuildPlan(
+        self,
+        request: _plan_pb2.BuildPlanRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_plan_pb2.BuildPlanResponse, _abc.Awaitable[_plan_pb2.BuildPlanResponse]]:
+        """BuildPlan turns a question and intent signals into a RetrievalPlan without searching
+        anything: the rules file's layers (defaults -> intent -> short-query guard ->
+        decision-score guard -> risk category -> table preference), with the intent
+        classified by the server when the caller gives none. Not recorded in the ledger.
+        Status codes: OK, INVALID_ARGUMENT (empty or too long query; an intent that never
+        reaches planning: GREETING, HANDOFF, OUT_OF_SCOPE, named in the violation; FOLLOW_UP
+        without history; scores outside [0, 1]), UNAUTHENTICATED.
         """
 
 def add_RetrievalServiceServicer_to_server(servicer: RetrievalServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
