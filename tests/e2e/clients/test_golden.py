@@ -43,9 +43,8 @@ def _ids(step: dict[str, Any]) -> list[str]:
 
 
 async def test_python_go_and_typescript_clients_agree(client_server: ClientServer) -> None:
-    transcripts = {c: await _transcript(c, client_server) for c in ("python", "go")}
+    transcripts = {c: await _transcript(c, client_server) for c in ("python", "go", "typescript")}
     golden = _steps(transcripts["python"])
-    print(json.dumps(transcripts, ensure_ascii=False))
     names = [s["name"] for s in json.loads(SCENARIOS.read_text())["scenarios"]]
     assert list(golden) == names
 
@@ -77,7 +76,7 @@ async def test_python_go_and_typescript_clients_agree(client_server: ClientServe
     cancelled = golden["cancelled-stream"][0]
     assert cancelled["events_before_cancel"] == ["leg"] and cancelled["error"]["code"] == "CANCELLED"
 
-    for client in ("go",):
+    for client in ("go", "typescript"):
         steps = _steps(transcripts[client])
         assert list(steps) == names, client
         for name in names:
