@@ -12,7 +12,7 @@
 import {
   type CallOptions as GrpcCallOptions,
   type ChannelCredentials,
-  type ChannelOptions,
+  type ClientOptions as GrpcClientOptions,
   type ClientUnaryCall,
   credentials,
   Metadata,
@@ -57,7 +57,8 @@ export interface ClientOptions {
   maxAttempts?: number;
   /** First wait between those tries, doubled after each (default 200 ms). */
   retryBackoffMs?: number;
-  channelOptions?: ChannelOptions;
+  /** Passed to the @grpc/grpc-js client: channel options ("grpc.keepalive_time_ms", ...), interceptors. */
+  grpcOptions?: GrpcClientOptions;
 }
 
 /** One attempt's request in plain values. Unknown names (a collection "wiki") are sent as
@@ -139,10 +140,10 @@ export class RetrievalClient {
         ? credentials.createSsl()
         : credentials.createSsl(options.tls.rootCerts ?? null, options.tls.privateKey ?? null, options.tls.certChain ?? null)
       : credentials.createInsecure();
-    this.retrieval = new RetrievalServiceClient(target, creds, options.channelOptions);
+    this.retrieval = new RetrievalServiceClient(target, creds, options.grpcOptions);
     // One channel for both services: the second stub reuses the first one's.
     this.corpus = new CorpusServiceClient(target, creds, {
-      ...options.channelOptions,
+      ...options.grpcOptions,
       channelOverride: this.retrieval.getChannel(),
     });
     this.apiKey = options.apiKey ?? "";
