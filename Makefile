@@ -64,13 +64,15 @@ proto-check: venv tools ts-deps
 	$(BUF) format --diff --exit-code protos
 	@if git rev-parse --verify -q main >/dev/null; then \
 	  $(BUF) breaking protos --against '.git#branch=main,subdir=protos'; fi
-	@tmp=$$(mktemp -d); for g in $(GEN); do \
-	  $(GENERATE) $$tmp/_gen $${g##*:} && if ! diff -r -q $$tmp/_gen $${g%%:*}; then \
-	    echo "generated stubs in $${g%%:*} drifted from protos/: run 'make proto' and commit"; rm -rf $$tmp; exit 1; fi; \
+	@tmp=$$(mktemp -d); drift=""; for g in $(GEN); do \
+	  $(GENERATE) $$tmp/_gen $${g##*:} || exit 1; \
+	  diff -r -q $$tmp/_gen $${g%%:*} || drift="$$drift $${g%%:*}"; rm -rf $$tmp/_gen; \
 	done; for g in $(CLIENT_GEN); do \
-	  $(GENERATE_CLIENT) $${g%%:*} $$tmp/$${g%%:*} && if ! diff -r -q $$tmp/$${g%%:*} $${g##*:}; then \
-	    echo "generated stubs in $${g##*:} drifted from protos/: run 'make proto' and commit"; rm -rf $$tmp; exit 1; fi; \
-	done; rm -rf $$tmp; echo "stubs up to date (Python, Go, TypeScript)"
+	  $(GENERATE_CLIENT) $${g%%:*} $$tmp/$${g%%:*} || exit 1; \
+	  diff -r -q $$tmp/$${g%%:*} $${g##*:} || drift="$$drift $${g##*:}"; \
+	done; rm -rf $$tmp; if [ -n "$$drift" ]; then \
+	  echo "generated stubs drifted from protos/ in:$$drift: run 'make proto' and commit"; exit 1; fi; \
+	echo "stubs up to date (Python, Go, TypeScript)"
 
 typecheck: venv
 	$(BIN)/mypy

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Generates the Go or TypeScript client stubs from every .proto in protos/retrieval/v1.
-# Usage: protos/generate_clients.sh go|ts OUT_DIR
+# Usage: [PROTOS_DIR=protos] protos/generate_clients.sh go|ts OUT_DIR
 #   protos/generate_clients.sh go clients/go/gen
 #   protos/generate_clients.sh ts clients/ts/src/gen
 # The same protoc as the Python stubs (grpcio-tools from the venv: PYTHON) runs local,
@@ -9,8 +9,8 @@
 set -euo pipefail
 lang=$1
 out=$2
-here=$(cd "$(dirname "$0")" && pwd)
-root=$(dirname "$here")
+root=$(cd "$(dirname "$0")/.." && pwd)
+here=${PROTOS_DIR:-$root/protos}  # another protos/ tree (the drift test's altered copy)
 python=${PYTHON:-python}
 protos=("$here"/retrieval/v1/*.proto)
 rel=("${protos[@]#"$here"/}")
