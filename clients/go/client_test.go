@@ -6,6 +6,8 @@ package retrieval_test
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"io"
@@ -316,5 +318,32 @@ func proxy(t *testing.T, listen, target string) {
 		}
 		go func() { io.Copy(out, in); out.Close() }()
 		go func() { io.Copy(in, out); in.Close() }()
+	}
+}
+
+func TestTLS(t *testing.T) {
+	_, key, _ := server(t)
+	target, caFile := os.Getenv("RETRIEVAL_TLS_TARGET"), os.Getenv("RETRIEVAL_TLS_CA")
+	if target == "" || caFile == "" {
+		t.Fatal("RETRIEVAL_TLS_TARGET / RETRIEVAL_TLS_CA not set by the harness")
+	}
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(pem) {
+		t.Fatal("no certificate in " + caFile)
+	}
+	c := dial(t, target, retrieval.WithAPIKey(key), retrieval.WithTLS(&tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}))
+	if a, err := c.Retrieve(context.Background(), retrieval.Request{Query: "refund", TopK: 1}); err != nil || !a.Found() {
+		t.Fatalf("over TLS: %v %v", a, err)
+	}
+	// The system roots do not trust the test certificate; plaintext does not speak TLS.
+	for name, opts := range map[string][]retrieval.Option{"system roots": {retrieval.WithTLS(nil)}, "plaintext": nil} {
+		c := dial(t, target, append(opts, retrieval.WithAPIKey(key), retrieval.WithTimeout(2*time.Second))...)
+		if _, err := c.GetAttempt(context.Background(), "x"); err == nil || errors.Is(err, retrieval.ErrNotFound) {
+			t.Fatalf("%s: the call reached the server: %v", name, err)
+		}
 	}
 }

@@ -5,6 +5,7 @@
  */
 
 import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
 import { createServer, connect, type AddressInfo, type Server } from "node:net";
 import { after, before, describe, test } from "node:test";
 
@@ -18,6 +19,7 @@ import {
   InvalidArgumentError,
   NotFoundError,
   RetrievalClient,
+  RetrievalError,
   UnauthenticatedError,
   UnavailableError,
 } from "../src";
@@ -127,6 +129,23 @@ describe("RetrievalClient against a live server", () => {
     // The caller's own deadline wins over the default.
     assert.equal((await hasty.retrieve("refund", { topK: 1, timeoutMs: 10_000 })).outcome.name, "EVIDENCE_FOUND");
     hasty.close();
+  });
+});
+
+describe("TLS", () => {
+  test("tls.rootCerts trusts the server's certificate; the system roots and plaintext do not", async () => {
+    const tlsTarget = process.env.RETRIEVAL_TLS_TARGET ?? "";
+    const ca = process.env.RETRIEVAL_TLS_CA ?? "";
+    assert.ok(tlsTarget && ca, "RETRIEVAL_TLS_TARGET / RETRIEVAL_TLS_CA set by the harness");
+    const secure = new RetrievalClient(tlsTarget, { apiKey: supportKey, tls: { rootCerts: readFileSync(ca) } });
+    assert.equal((await secure.retrieve("refund", { topK: 1 })).outcome.name, "EVIDENCE_FOUND");
+    secure.close();
+    for (const tls of [true, false]) {
+      const client = new RetrievalClient(tlsTarget, { apiKey: supportKey, tls, timeoutMs: 2000 });
+      const err = await client.getAttempt("x").catch((e: unknown) => e);
+      client.close();
+      assert.ok(err instanceof RetrievalError && !(err instanceof NotFoundError), `tls=${tls}: ${String(err)}`);
+    }
   });
 });
 

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import shutil
+import ssl
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -35,11 +36,47 @@ class ClientServer:
     target: str
     support_key: str  # a principal in the "support" group (sees internal-escalation)
     public_key: str  # a principal in no group
+    tls_target: str  # the same server behind a TLS terminator (ALPN h2) ...
+    tls_ca: Path  # ... whose self-signed certificate (for 127.0.0.1) this is
 
     def env(self) -> dict[str, str]:
         """What the Go and Node test suites read to find the server."""
         return {**os.environ, "RETRIEVAL_TARGET": self.target, "RETRIEVAL_API_KEY": self.support_key,
-                "RETRIEVAL_PUBLIC_API_KEY": self.public_key}
+                "RETRIEVAL_PUBLIC_API_KEY": self.public_key, "RETRIEVAL_TLS_TARGET": self.tls_target,
+                "RETRIEVAL_TLS_CA": str(self.tls_ca)}
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while chunk := await reader.read(65536):
+            writer.write(chunk)
+            await writer.drain()
+    except (ConnectionError, asyncio.CancelledError):
+        pass
+    finally:
+        writer.close()
+
+
+async def tls_terminator(tmp: Path, upstream: str) -> tuple[asyncio.Server, str, Path]:
+    """The server has no TLS listener of its own yet, so the clients' TLS options are
+    tested through this: TLS 1.2+ with ALPN h2 (what gRPC clients require) on a loopback
+    port, plaintext HTTP/2 to the server. The certificate is made here with openssl."""
+    cert, key = tmp / "tls-cert.pem", tmp / "tls-key.pem"
+    subprocess.run([need("openssl"), "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+                    "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"], check=True, capture_output=True)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert, key)
+    ctx.set_alpn_protocols(["h2"])
+    host, port = upstream.rsplit(":", 1)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(host, int(port))
+        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=ctx)
+    return server, f"127.0.0.1:{server.sockets[0].getsockname()[1]}", cert
 
 
 @pytest.fixture(scope="session")
@@ -54,7 +91,9 @@ async def client_server(tmp_path_factory: pytest.TempPathFactory,
     live = await launch(cfg, e5_embedder, demo=False)
     summary = await live.ingest(demo_documents(), metadata=(("x-api-key", API_KEYS["support"]),))
     assert not summary.errors and summary.documents_indexed == len(demo_documents()), summary
-    yield ClientServer(live, live.target, API_KEYS["support"], API_KEYS["public"])
+    terminator, tls_target, ca = await tls_terminator(tmp, live.target)
+    yield ClientServer(live, live.target, API_KEYS["support"], API_KEYS["public"], tls_target, ca)
+    terminator.close()
     await shutdown(live)
 
 
