@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tests.e2e.clients.conftest import GO_CLIENT, ROOT, ClientServer, need, run
+from tests.support.clients import GO_CLIENT, ROOT, ClientServer, need, run
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.clients.conftest import GO_CLIENT, ROOT, SCENARIOS, ClientServer, need, run, ts_built
+from tests.support.clients import GO_CLIENT, ROOT, SCENARIOS, ClientServer, need, run, ts_built
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tests.e2e.clients.conftest import ROOT, TS_CLIENT, ClientServer, need, run, ts_built
+from tests.support.clients import ROOT, TS_CLIENT, ClientServer, need, run, ts_built
 
 pytestmark = pytest.mark.slow
 
