@@ -9,15 +9,20 @@ import { readFileSync } from "node:fs";
 import { createServer, connect, type AddressInfo, type Server } from "node:net";
 import { after, before, describe, test } from "node:test";
 
-import { type Interceptor, InterceptingCall } from "@grpc/grpc-js";
+import { type Interceptor, InterceptingCall, Metadata, status } from "@grpc/grpc-js";
+
+import { RetryInfo } from "../src/gen/google/rpc/error_details";
+import { Status as RpcStatus } from "../src/gen/google/rpc/status";
 
 import {
   BackendTimeoutError,
   BudgetExhaustedError,
   CancelledError,
   type Event,
+  fromServiceError,
   InvalidArgumentError,
   NotFoundError,
+  OverloadedError,
   RetrievalClient,
   RetrievalError,
   UnauthenticatedError,
@@ -129,6 +134,38 @@ describe("RetrievalClient against a live server", () => {
     // The caller's own deadline wins over the default.
     assert.equal((await hasty.retrieve("refund", { topK: 1, timeoutMs: 10_000 })).outcome.name, "EVIDENCE_FOUND");
     hasty.close();
+  });
+});
+
+describe("error details", () => {
+  // The overload path needs a saturated server (tests/fault covers the server side); here
+  // the status the server builds for it (RetryInfo in grpc-status-details-bin) is decoded
+  // the way a live call's would be.
+  test("RESOURCE_EXHAUSTED becomes OverloadedError with the RetryInfo delay", () => {
+    const detail = RetryInfo.encode({ retryDelay: { seconds: 0, nanos: 250_000_000 } }).finish();
+    const metadata = new Metadata();
+    metadata.set(
+      "grpc-status-details-bin",
+      Buffer.from(
+        RpcStatus.encode({
+          code: status.RESOURCE_EXHAUSTED,
+          message: "too many attempts in flight",
+          details: [{ typeUrl: "type.googleapis.com/google.rpc.RetryInfo", value: Buffer.from(detail) }],
+        }).finish(),
+      ),
+    );
+    metadata.set("x-attempt-id", "a-1");
+    const err = fromServiceError(
+      Object.assign(new Error("8 RESOURCE_EXHAUSTED"), {
+        code: status.RESOURCE_EXHAUSTED,
+        details: "too many attempts in flight",
+        metadata,
+      }),
+    );
+    assert.ok(err instanceof OverloadedError);
+    assert.equal(err.retryAfterMs, 250);
+    assert.equal(err.attemptId, "a-1");
+    assert.equal(err.codeName, "RESOURCE_EXHAUSTED");
   });
 });
 
