@@ -33,9 +33,13 @@ def build_request(
     rerank: bool | None = None, min_quality: float = 0.0, max_context_chars: int = 0,
     tool_call_id: str = "", version_pins: dict[str, str] | None = None,
     gap: retrieval_pb2.EvidenceGap | None = None, budget: retrieval_pb2.RunBudget | None = None,
+    max_searches: int = 0, max_results_per_search: int = 0,
 ) -> retrieval_pb2.RetrieveRequest:
     req = retrieval_pb2.RetrieveRequest(query=query, top_k=top_k, run_id=run_id, tool_call_id=tool_call_id,
                                         version_pins=version_pins or {})
+    if max_searches or max_results_per_search:  # the run's budget, used when the run is created
+        req.budget.max_searches = max_searches
+        req.budget.max_results_per_search = max_results_per_search
     # Unknown names become 0 (UNSPECIFIED), which the server rejects naming the field.
     req.filters.collections.extend(_COLLECTIONS.get(c, 0) for c in collections)  # type: ignore[misc]
     req.filters.source_ids.extend(source_ids)

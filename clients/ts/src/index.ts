@@ -1,0 +1,35 @@
+export {
+  buildRequest,
+  type CallOptions,
+  type ClientOptions,
+  DEFAULT_TIMEOUT_MS,
+  DEFAULT_TOP_K,
+  RetrievalClient,
+  type RetrieveOptions,
+  type TlsOptions,
+} from "./client";
+export {
+  BackendTimeoutError,
+  BudgetExhaustedError,
+  CancelledError,
+  codeName,
+  type FieldViolation,
+  fromServiceError,
+  InvalidArgumentError,
+  NotFoundError,
+  OverloadedError,
+  PermissionDeniedError,
+  RetrievalError,
+  UnauthenticatedError,
+  UnavailableError,
+} from "./errors";
+export {
+  type Attempt,
+  type Event,
+  type Evidence,
+  type Leg,
+  Outcome,
+  type OutcomeName,
+  type ToolEvidence,
+  type ToolResult,
+} from "./types";
