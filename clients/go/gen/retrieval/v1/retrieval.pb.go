@@ -258,7 +258,9 @@ type RetrievalOptions struct {
 	Legs []LegKind `protobuf:"varint,1,rep,packed,name=legs,proto3,enum=retrieval.v1.LegKind" json:"legs,omitempty"`
 	// Whether to rerank the fused candidates.
 	Rerank RerankMode `protobuf:"varint,2,opt,name=rerank,proto3,enum=retrieval.v1.RerankMode" json:"rerank,omitempty"`
-	// Minimum quality in [0, 1] an item must reach to be returned; 0 = server default.
+	// Minimum quality in [0, 1] an item must reach to be returned; 0 = server default: the
+	// server's min_quality if set, else the quality calibrations' "nothing here" gate (the
+	// whole list when any item reaches its calibration's gate, else INSUFFICIENT).
 	MinQuality float64 `protobuf:"fixed64,3,opt,name=min_quality,json=minQuality,proto3" json:"min_quality,omitempty"`
 	// Context budget: total excerpt characters returned; 0 = server default.
 	MaxContextChars uint32 `protobuf:"varint,4,opt,name=max_context_chars,json=maxContextChars,proto3" json:"max_context_chars,omitempty"`

@@ -217,7 +217,10 @@ class RetrievalOptions(_message.Message):
     rerank: _types_pb2.RerankMode.ValueType
     """Whether to rerank the fused candidates."""
     min_quality: _builtins.float
-    """Minimum quality in [0, 1] an item must reach to be returned; 0 = server default."""
+    """Minimum quality in [0, 1] an item must reach to be returned; 0 = server default: the
+    server's min_quality if set, else the quality calibrations' "nothing here" gate (the
+    whole list when any item reaches its calibration's gate, else INSUFFICIENT).
+    """
     max_context_chars: _builtins.int
     """Context budget: total excerpt characters returned; 0 = server default."""
     @_builtins.property

@@ -152,7 +152,11 @@ export interface RetrievalOptions {
   legs: LegKind[];
   /** Whether to rerank the fused candidates. */
   rerank: RerankMode;
-  /** Minimum quality in [0, 1] an item must reach to be returned; 0 = server default. */
+  /**
+   * Minimum quality in [0, 1] an item must reach to be returned; 0 = server default: the
+   * server's min_quality if set, else the quality calibrations' "nothing here" gate (the
+   * whole list when any item reaches its calibration's gate, else INSUFFICIENT).
+   */
   minQuality: number;
   /** Context budget: total excerpt characters returned; 0 = server default. */
   maxContextChars: number;
