@@ -62,19 +62,21 @@ class Config:
     rerank_max_length: int = 256
     # The quality gate for requests that set none (below it: INSUFFICIENT). 0: the
     # calibrations' "nothing here" gate (per leg set and language, fitted against off-domain
-    # questions), which keeps the whole list when any item reaches it; a value in (0, 1]
-    # filters items instead (1e-9: practically no gate).
+    # questions) on the top item, which keeps the whole list when it passes; a value in
+    # (0, 1] filters items instead (1e-9: practically no gate).
     min_quality: float = 0.0
     precise_threshold: float = 0.75
-    reference_threshold: float = 0.5
+    # 0: REFERENCE from the top item's calibration gate (a call the gate lets through has a
+    # level), 0.5 for uncalibrated sources or a leg set without a gate.
+    reference_threshold: float = 0.0
     max_context_chars: int = 6000
     # Retrieval plan rules merged over the shipped service/planning/default_rules.toml
     # (empty: the shipped rules). Validated at start: a bad file stops the server.
     plan_rules_file: str = ""
     retry_unfiltered_keys: tuple[str, ...] = ("category",)
     # A filtered attempt whose best candidate's quality (a calibrated probability) is below
-    # this retries once without those keys. Below reference_threshold: on the calibrated
-    # scale the hybrid alone seldom reaches 0.5 even when its top answer is right.
+    # this retries once without those keys (on the calibrated scale the hybrid alone seldom
+    # reaches 0.5 even when its top answer is right).
     retry_unfiltered_below: float = 0.2
     admissible_statuses: tuple[str, ...] = ("approved",)
     # Runs.

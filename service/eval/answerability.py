@@ -156,6 +156,8 @@ def summarize(results: Sequence[ProbeResult]) -> dict[str, Any]:
         "answerable_found": round(sum(r.outcome == "ATTEMPT_OUTCOME_EVIDENCE_FOUND" for r in ans) / len(ans), 4)
         if ans else None,
         "answerable_levels": levels,
+        "found_without_level": sum(r.outcome == "ATTEMPT_OUTCOME_EVIDENCE_FOUND"
+                                   and r.relevance_level == "RELEVANCE_LEVEL_UNSPECIFIED" for r in results),
         "quality_sources": sorted({r.quality_source for r in results if r.quality_source != "QUALITY_SOURCE_UNSPECIFIED"}),
     }
 

@@ -365,8 +365,9 @@ class AttemptRunner:
             return
         top = gated[0]
         result.top_quality = top.quality
-        result.quality_source = sources[ranked.index(top)]
-        result.relevance_level = relevance_level(top.quality, cfg.precise_threshold, cfg.reference_threshold)
+        top_source = result.quality_source = sources[ranked.index(top)]
+        reference = self.quality.reference_threshold(top_source, cjk, legs_key, cfg.reference_threshold)
+        result.relevance_level = relevance_level(top.quality, cfg.precise_threshold, reference)
         budget = req.max_context_chars or cfg.max_context_chars
         if req.plan is not None:  # the FAQ direct answer goes first, then the plan's budget
             direct = faq_direct_answer(gated, req.plan.faq_direct_threshold, req.plan.faq_direct_exact_only, req.query)

@@ -40,6 +40,7 @@ from service.pipeline.relevance import assign_quality, sigmoid
 log = logging.getLogger(__name__)
 
 CALIBRATION_FILE = "quality_calibration.json"
+FALLBACK_REFERENCE = 0.5  # REFERENCE where no gate was fitted (the design's threshold)
 CALIBRATION_VERSION = 1
 HYBRID_FEATURES = ("dense_cos", "has_dense", "bm25_log", "has_bm25", "fused_rel")
 RERANK_FEATURES = ("rerank_logit", *HYBRID_FEATURES)
@@ -198,15 +199,22 @@ class QualityModel:
     def gate(self, ranked: Sequence[Candidate], sources: Sequence[QualitySource], min_quality: float, *,
              cjk: bool, legs: str = "both") -> list[Candidate]:
         """What passes the quality gate. A ``min_quality`` (the request's or the server's)
-        filters items. Without one, the calibrations' "nothing here" gate judges the list:
-        all of it when any item reaches its own calibration's gate, else nothing (the gate
-        was fitted on top-1 items: it decides whether the corpus has an answer, not which
-        of the answers below the top an agent may read)."""
+        filters items. Without one, the calibrations' "nothing here" gate judges the list by
+        its top item (the gate was fitted on top-1 items: it decides whether the corpus has
+        an answer, not which of the items below the top an agent may read): all of it when
+        the top reaches its calibration's gate, else nothing."""
         if min_quality > 0:
             return [c for c in ranked if c.quality >= min_quality]
-        if any(c.quality >= self.default_gate(s, cjk, legs) for c, s in zip(ranked, sources)):
+        if ranked and ranked[0].quality >= self.default_gate(sources[0], cjk, legs):
             return list(ranked)
         return []
+
+    def reference_threshold(self, source: QualitySource, cjk: bool, legs: str, configured: float) -> float:
+        """REFERENCE from ``configured`` when set, else from the source's gate (what passes
+        the default gate has a level), else 0.5 (no gate fitted for this source or leg set)."""
+        if configured > 0:
+            return configured
+        return self.default_gate(source, cjk, legs) or FALLBACK_REFERENCE
 
     def assign_all(self, ranked: Sequence[Candidate], *, reranked: bool, max_fused: float, cjk: bool,
                    legs: str = "both", answered_max_fused: float | None = None) -> list[QualitySource]:

@@ -9,7 +9,7 @@ Two knowledge bases, each probed with the other's questions (both ways round):
   demo questions, general-knowledge questions and gibberish.
 Both with rerank on (the shipped reranker, chosen by "auto" as a fresh install does) and
 off (the hybrid calibration). Each run prints its rates and the operating curve over
-``min_quality``; the bar is >= 95 % each way.
+``min_quality``; the bar is >= 95 % each way, and every EVIDENCE_FOUND has a relevance level.
 """
 
 from __future__ import annotations
@@ -116,6 +116,7 @@ def _check(s: dict, rerank: bool) -> None:  # type: ignore[type-arg]
     assert s["quality_sources"] == [want], s["quality_sources"]
     assert s["off_topic_nothing_here"] >= BAR, s["off_topic_failures"]
     assert s["answerable"] >= 5 and s["answerable_found"] >= BAR, s
+    assert s["found_without_level"] == 0, s  # what the default gate lets through has a level
 
 
 @pytest.mark.parametrize("rerank", [True, False], ids=["rerank-on", "rerank-off"])

@@ -109,7 +109,7 @@ def test_the_default_gate_is_the_calibrations_per_language() -> None:
             parse_calibration({**_doc("hybrid", "h"), "gate": bad}, "hybrid")
 
 
-def test_the_default_gate_judges_the_list_a_min_quality_filters_items() -> None:
+def test_the_default_gate_judges_the_list_by_its_top_a_min_quality_filters_items() -> None:
     doc = {**_doc("hybrid", "h"), "gate": {"both/en": 0.3, "both/cjk": 0.3}}
     model = QualityModel(hybrid=parse_calibration(doc, "hybrid"))
     items = [_candidate(0.1, None, 0.1), _candidate(0.2, None, 0.1), _candidate(0.3, None, 0.1)]
@@ -118,6 +118,11 @@ def test_the_default_gate_judges_the_list_a_min_quality_filters_items() -> None:
     src = [QualitySource.HYBRID_CALIBRATED] * 3
     assert model.gate(items, src, 0.0, cjk=False) == items  # the top reaches 0.3: the whole list
     assert model.gate(items, src, 0.15, cjk=False) == items[:2]  # an explicit floor filters
-    items[0].quality = 0.29
-    assert model.gate(items, src, 0.0, cjk=False) == []  # nothing here
+    items[0].quality, items[1].quality = 0.29, 0.9
+    assert model.gate(items, src, 0.0, cjk=False) == []  # the top is below its gate: nothing here
     assert model.gate(items, [QualitySource.DENSE_DISTANCE] * 3, 0.0, cjk=False) == items  # uncalibrated: no gate
+    # What passes the default gate has a level: REFERENCE from the gate, unless configured.
+    assert model.reference_threshold(QualitySource.HYBRID_CALIBRATED, False, "both", 0.0) == 0.3
+    assert model.reference_threshold(QualitySource.HYBRID_CALIBRATED, False, "bm25", 0.0) == 0.5  # no gate fitted
+    assert model.reference_threshold(QualitySource.DENSE_DISTANCE, False, "both", 0.0) == 0.5
+    assert model.reference_threshold(QualitySource.HYBRID_CALIBRATED, False, "both", 0.6) == 0.6
