@@ -4,6 +4,7 @@ and map domain errors through the one status table."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -14,11 +15,12 @@ import grpc
 from service._gen.retrieval.v1 import corpus_pb2, corpus_pb2_grpc, retrieval_pb2, retrieval_pb2_grpc
 from service._gen.retrieval.v1 import plan_pb2
 from service.api import convert, plan_convert
+from service.api.admission import Admission
 from service.api.auth import Authenticator
 from service.api.errors import LOOKUP_OUTCOME_ERRORS, abort_with
 from service.app import App
 from service.engines.base import EngineError
-from service.errors import BackendFailure, DomainError, InvalidArgument, NotFound, Overloaded, ShuttingDown
+from service.errors import BackendFailure, DomainError, InvalidArgument, NotFound
 from service.ingest.ingestor import IngestOutcome
 from service.pipeline.attempt import AttemptResultOut, EvidenceEvent, EvidenceOut, LegEvent, ResultEvent
 from service.pipeline.plan_execution import resolve_plan
@@ -27,23 +29,6 @@ from service.planning.planner import IntentInput, build_plan
 
 log = logging.getLogger(__name__)
 Context = grpc.aio.ServicerContext[Any, Any]
-
-
-class Admission:
-    """Explicit overload check before any work: attempts in flight and model queue depth."""
-
-    def __init__(self, app: App) -> None:
-        self.app = app
-        self.inflight = 0
-        self.draining = False
-
-    def admit(self) -> None:
-        if self.draining:
-            raise ShuttingDown("server is shutting down")
-        if self.inflight >= self.app.cfg.max_inflight_attempts:
-            raise Overloaded(f"{self.inflight} attempts in flight (limit {self.app.cfg.max_inflight_attempts})", 0.25)
-        if self.app.runtime.overloaded():
-            raise Overloaded("model queues are nearly full", 0.25)
 
 
 def _deadline(context: Context, default_s: float) -> float:
@@ -75,7 +60,11 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         validate(req, self.app.cfg, self.app.runtime.reranker is not None, conversion_errors,
                  self.app.runner.rerank_unavailable)
         req = resolve_plan(req, self.app.plan_rules, self.app.cfg)
-        self.admission.admit()
+        self.admission.admit(principal)
+        searches = self.auth.quotas.search_ceiling(principal.name, req.budget_max_searches,
+                                                   self.app.cfg.default_max_searches)
+        if searches != req.budget_max_searches:  # the principal's ceiling on a run's budget
+            req = dataclasses.replace(req, budget_max_searches=searches)
         return req, principal
 
     async def Retrieve(  # noqa: N802 (gRPC method name)
@@ -86,8 +75,7 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         except DomainError as exc:
             await abort_with(context, exc)
             return
-        self.admission.inflight += 1
-        try:
+        with self.admission.attempt(principal):
             async for event in self.app.runner.run(req, principal, _deadline(context, self.app.cfg.default_deadline_s)):
                 if isinstance(event, LegEvent):
                     yield retrieval_pb2.RetrieveEvent(leg=convert.leg_to_pb(event.report))
@@ -96,8 +84,6 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
                 else:
                     context.set_trailing_metadata(_trailers(event.result))
                     yield retrieval_pb2.RetrieveEvent(result=convert.result_to_pb(event.result))
-        finally:
-            self.admission.inflight -= 1
 
     async def Lookup(  # noqa: N802
         self, request: retrieval_pb2.RetrieveRequest, context: Context
@@ -107,17 +93,14 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         except DomainError as exc:
             await abort_with(context, exc)
             raise AssertionError("unreachable")  # abort raises
-        self.admission.inflight += 1
         evidence: list[EvidenceOut] = []
         result: AttemptResultOut | None = None
-        try:
+        with self.admission.attempt(principal):
             async for event in self.app.runner.run(req, principal, _deadline(context, self.app.cfg.default_deadline_s)):
                 if isinstance(event, EvidenceEvent):
                     evidence.append(event.evidence)
                 elif isinstance(event, ResultEvent):
                     result = event.result
-        finally:
-            self.admission.inflight -= 1
         assert result is not None
         trailers = _trailers(result)
         error = LOOKUP_OUTCOME_ERRORS.get(result.outcome)
@@ -184,12 +167,17 @@ class CorpusServicer(corpus_pb2_grpc.CorpusServiceServicer):
         self, request_iterator: AsyncIterator[corpus_pb2.IngestRequest], context: Context
     ) -> corpus_pb2.IngestSummary:
         try:
-            self.auth.authenticate(context)
-            if self.admission.draining:
-                raise ShuttingDown("server is shutting down")
+            principal = self.auth.authenticate(context)
+            self.admission.admit_stream(principal)
         except DomainError as exc:
             await abort_with(context, exc)
             raise AssertionError("unreachable")
+        with self.admission.stream(principal):
+            return await self._ingest(request_iterator, context)
+
+    async def _ingest(
+        self, request_iterator: AsyncIterator[corpus_pb2.IngestRequest], context: Context
+    ) -> corpus_pb2.IngestSummary:
         started = time.monotonic()
         gate = asyncio.Semaphore(self.CONCURRENCY)
         tasks: list[asyncio.Task[IngestOutcome]] = []
