@@ -61,8 +61,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         Path(args.config) if args.config else None, listen=args.listen, data_dir=args.data_dir,
         opensearch_url=args.opensearch_url, embedding_model=args.embedding_model,
         reranker_model=args.reranker_model, api_keys_file=args.api_keys, plan_rules_file=args.plan_rules,
+        tls_cert_file=args.tls_cert, tls_key_file=args.tls_key, tls_client_ca_file=args.tls_client_ca,
+        insecure_open=True if args.insecure_open else None,
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from service.api.transport_security import ExposureError, check_exposure
+
+    try:
+        print(check_exposure(cfg, cfg.listen), flush=True)  # before loading models: fail fast
+    except ExposureError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     from service.planning.rules import RulesError
 
     try:
@@ -79,6 +88,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     asyncio.run(serve(app, cfg.listen, ready))
     return 0
+
+
+def _channel(args: argparse.Namespace) -> Any:
+    """A channel to ``--target``: TLS when --tls-ca (or a client certificate) is given,
+    the same options as the Python client's ``TlsOptions``."""
+    import grpc
+
+    if not (args.tls_ca or args.tls_cert):
+        return grpc.aio.insecure_channel(args.target)
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise SystemExit("error: --tls-cert and --tls-key go together")
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=Path(args.tls_ca).read_bytes() if args.tls_ca else None,
+        private_key=Path(args.tls_key).read_bytes() if args.tls_key else None,
+        certificate_chain=Path(args.tls_cert).read_bytes() if args.tls_cert else None)
+    options = [("grpc.ssl_target_name_override", args.tls_server_name)] if args.tls_server_name else []
+    return grpc.aio.secure_channel(args.target, creds, options=options)
+
+
+def _client_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tls-ca", default="", help="CA (PEM) to verify the server with: connect over TLS")
+    p.add_argument("--tls-cert", default="", help="client certificate (PEM) for mutual TLS")
+    p.add_argument("--tls-key", default="", help="client private key (PEM)")
+    p.add_argument("--tls-server-name", default="", help="name to verify the server certificate against")
 
 
 def _read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
@@ -104,7 +137,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
     async def run() -> corpus_pb2.IngestSummary:
         nonlocal local_errors
-        async with grpc.aio.insecure_channel(args.target) as channel:
+        async with _channel(args) as channel:
             stub = corpus_pb2_grpc.CorpusServiceStub(channel)
             bar = tqdm(total=len(lines), unit="doc", desc="ingest", file=sys.stderr)
 
@@ -181,7 +214,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from service._gen.retrieval.v1 import plan_pb2, retrieval_pb2_grpc
 
     async def run() -> int:
-        async with grpc.aio.insecure_channel(args.target) as channel:
+        async with _channel(args) as channel:
             stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)
             metadata = (("x-api-key", args.api_key),) if args.api_key else None
             req = plan_pb2.BuildPlanRequest(query=args.query, history=args.history or [], intent=_intent(args))
@@ -228,7 +261,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     from service._gen.retrieval.v1 import retrieval_pb2_grpc
 
     async def run() -> int:
-        async with grpc.aio.insecure_channel(args.target) as channel:
+        async with _channel(args) as channel:
             stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)
             metadata = (("x-api-key", args.api_key),) if args.api_key else None
             try:
@@ -309,6 +342,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--config", default=None, help="TOML config file")
     s.add_argument("--plan-rules", default=None, help="TOML plan rules merged over the shipped ones")
     s.add_argument("--demo", action="store_true", help="ingest the demo corpus once serving")
+    s.add_argument("--tls-cert", default=None, help="server certificate (PEM): serve TLS")
+    s.add_argument("--tls-key", default=None, help="server private key (PEM)")
+    s.add_argument("--tls-client-ca", default=None, help="CA (PEM) client certificates must chain to (mutual TLS)")
+    s.add_argument("--insecure-open", action="store_true",
+                   help="allow a non-loopback address without auth (refused otherwise)")
     s.set_defaults(fn=cmd_serve)
 
     i = sub.add_parser("ingest", help="stream a JSONL file of documents into the server")
@@ -316,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("--target", default="127.0.0.1:50051")
     i.add_argument("--api-key", default="")
     i.add_argument("--json", action="store_true")
+    _client_arguments(i)
     i.set_defaults(fn=cmd_ingest)
 
     q = sub.add_parser("query", help="run one attempt and print its event stream")
@@ -330,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--timeout", type=float, default=10.0)
     q.add_argument("--api-key", default="")
     q.add_argument("--json", action="store_true", help="one JSON object per event")
+    _client_arguments(q)
     q.add_argument("--lookup", action="store_true", help="call Lookup (agent projection) instead")
     _plan_arguments(q)
     q.add_argument("--plan", action="store_true", help="execute a retrieval plan built by the server from intent")
@@ -341,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     pl.add_argument("--target", default="127.0.0.1:50051")
     pl.add_argument("--timeout", type=float, default=10.0)
     pl.add_argument("--api-key", default="")
+    _client_arguments(pl)
     _plan_arguments(pl)
     pl.set_defaults(fn=cmd_plan)
 

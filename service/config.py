@@ -98,6 +98,13 @@ class Config:
     # Auth: a TOML file of API keys -> principal and groups. Empty: auth off, every
     # caller is "anonymous" and sees public documents only.
     api_keys_file: str = ""
+    # TLS (service/api/transport_security.py): certificate + key serve TLS; a client CA
+    # makes it mutual, and a client certificate's subject can name the principal.
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_client_ca_file: str = ""
+    # Serve a non-loopback address without auth anyway (refused otherwise).
+    insecure_open: bool = False
     # Limits for anonymous callers (auth off); 0 = unlimited. Principals with keys take
     # theirs from the keys file (service/api/quotas.py).
     anonymous_requests_per_second: float = 0.0

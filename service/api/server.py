@@ -27,6 +27,7 @@ from service.api.ledger_servicer import LedgerServicer
 from service.api.admission import Admission
 from service.api.quotas import Limits
 from service.api.servicers import CorpusServicer, RetrievalServicer
+from service.api.transport_security import check_exposure, server_credentials
 from service.app import App
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ class Server:
         cfg = app.cfg
         self.auth = Authenticator.from_file(cfg.api_keys_file, Limits(
             cfg.anonymous_requests_per_second, cfg.anonymous_burst, cfg.anonymous_max_concurrent,
-            cfg.anonymous_max_searches_per_run))
+            cfg.anonymous_max_searches_per_run), client_certs=bool(cfg.tls_client_ca_file))
         self.admission = Admission(app, self.auth.quotas)
         self.health = health.aio.HealthServicer()
         self.grpc = grpc.aio.server(options=[
@@ -84,8 +85,14 @@ class Server:
             await asyncio.sleep(_HEALTH_POLL_S)
 
     async def start(self, listen: str) -> int:
-        """Bind first (health answers NOT_SERVING while models load), then start the app."""
-        self.port = self.grpc.add_insecure_port(listen)
+        """Bind first (health answers NOT_SERVING while models load), then start the app.
+        Raises ExposureError before binding a non-loopback address without auth."""
+        log.info("%s", check_exposure(self.app.cfg, listen))
+        credentials = server_credentials(self.app.cfg)
+        if credentials is None:
+            self.port = self.grpc.add_insecure_port(listen)
+        else:
+            self.port = self.grpc.add_secure_port(listen, credentials)
         await self._set_health(False)
         await self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         await self.grpc.start()
