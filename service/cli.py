@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,9 @@ def _read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
+    """Stream a JSONL file through IngestStream: the progress bar counts documents the
+    server acknowledged as committed; when the stream breaks the summary says what committed
+    and what was not acknowledged (re-running the file indexes only what is missing)."""
     import grpc
     from tqdm import tqdm
 
@@ -129,49 +133,82 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from service.ingest.documents import document_from_json
 
     path = Path(args.file)
-    lines = list(_read_jsonl(path))
     collections = {"doc": types_pb2.COLLECTION_DOC, "faq": types_pb2.COLLECTION_FAQ}
     statuses = {"approved": types_pb2.SOURCE_STATUS_APPROVED, "draft": types_pb2.SOURCE_STATUS_DRAFT,
                 "retired": types_pb2.SOURCE_STATUS_RETIRED}
+    docs: list[tuple[int, Any]] = []  # (line number = the document's sequence, Document)
     local_errors = 0
+    for lineno, line in _read_jsonl(path):
+        try:
+            d = document_from_json(json.loads(line))
+        except ValueError as exc:
+            print(f"{path}:{lineno}: skipped: {exc}", file=sys.stderr)
+            local_errors += 1
+            continue
+        docs.append((lineno, corpus_pb2.Document(
+            source_id=d.source_id, version=d.version, title=d.title, text=d.text,
+            collection=collections.get(d.collection, types_pb2.COLLECTION_UNSPECIFIED),
+            status=statuses.get(d.status, types_pb2.SOURCE_STATUS_UNSPECIFIED),
+            acl=list(d.acl), breadcrumb=d.breadcrumb, metadata=d.metadata)))
+    acks: dict[int, Any] = {}
+    sent = 0
+    broken: grpc.aio.AioRpcError | None = None
+    started = time.monotonic()
 
-    async def run() -> corpus_pb2.IngestSummary:
-        nonlocal local_errors
+    async def run() -> None:
+        nonlocal sent, broken
+        window = asyncio.Semaphore(max(1, args.window))  # unacknowledged documents we send ahead
         async with _channel(args) as channel:
             stub = corpus_pb2_grpc.CorpusServiceStub(channel)
-            bar = tqdm(total=len(lines), unit="doc", desc="ingest", file=sys.stderr)
+            bar = tqdm(total=len(docs), unit="doc", desc="committed", file=sys.stderr)
 
-            async def requests() -> AsyncIterator[corpus_pb2.IngestRequest]:
-                nonlocal local_errors
-                for lineno, line in lines:
-                    try:
-                        d = document_from_json(json.loads(line))
-                    except ValueError as exc:
-                        print(f"{path}:{lineno}: skipped: {exc}", file=sys.stderr)
-                        local_errors += 1
-                        continue
-                    yield corpus_pb2.IngestRequest(document=corpus_pb2.Document(
-                        source_id=d.source_id, version=d.version, title=d.title, text=d.text,
-                        collection=collections.get(d.collection, types_pb2.COLLECTION_UNSPECIFIED),
-                        status=statuses.get(d.status, types_pb2.SOURCE_STATUS_UNSPECIFIED),
-                        acl=list(d.acl), breadcrumb=d.breadcrumb, metadata=d.metadata))
-                    bar.update(1)
+            async def requests() -> AsyncIterator[corpus_pb2.IngestStreamRequest]:
+                nonlocal sent
+                for lineno, doc in docs:
+                    await window.acquire()
+                    sent += 1
+                    yield corpus_pb2.IngestStreamRequest(document=doc, sequence=lineno)
 
             metadata = (("x-api-key", args.api_key),) if args.api_key else None
-            summary: corpus_pb2.IngestSummary = await stub.Ingest(requests(), metadata=metadata)
+            try:
+                async for response in stub.IngestStream(requests(), metadata=metadata):
+                    for ack in response.acks:
+                        acks[ack.sequence] = ack
+                        window.release()
+                    bar.update(len(response.acks))
+            except grpc.aio.AioRpcError as err:
+                broken = err
             bar.close()
-            return summary
 
-    summary = asyncio.run(run())
+    asyncio.run(run())
+    by_status = {name: [a for a in acks.values() if a.status == value] for name, value in (
+        ("indexed", corpus_pb2.DOCUMENT_STATUS_INDEXED), ("unchanged", corpus_pb2.DOCUMENT_STATUS_UNCHANGED),
+        ("invalid", corpus_pb2.DOCUMENT_STATUS_INVALID), ("failed", corpus_pb2.DOCUMENT_STATUS_FAILED))}
+    errors = sorted(by_status["invalid"] + by_status["failed"], key=lambda a: a.sequence)
+    unacked = [(lineno, doc) for lineno, doc in docs if lineno not in acks]
+    elapsed = time.monotonic() - started
+    chunks = sum(a.chunks for a in by_status["indexed"])
     if args.json:
-        print(json.dumps(_json(summary), ensure_ascii=False, indent=2))
+        print(json.dumps({
+            "documents_sent": sent, "documents_acknowledged": len(acks),
+            **{f"documents_{k}": len(v) for k, v in by_status.items()}, "chunks_indexed": chunks,
+            "errors": [_json(a) for a in errors], "not_acknowledged_lines": [n for n, _ in unacked],
+            "stream_error": f"{broken.code().name}: {broken.details()}" if broken else "",
+            "elapsed_ms": elapsed * 1000}, ensure_ascii=False, indent=2))
     else:
-        print(f"received {summary.documents_received}, indexed {summary.documents_indexed}, "
-              f"unchanged {summary.documents_unchanged}, chunks {summary.chunks_indexed}, "
-              f"{summary.chunks_per_second:.1f} chunks/s, {len(summary.errors)} errors")
-        for e in summary.errors:
-            print(f"  #{e.index} {e.source_id}@{e.version}: {e.field} {e.message}")
-    return 1 if summary.errors or local_errors else 0
+        print(f"received {len(acks)}, indexed {len(by_status['indexed'])}, unchanged {len(by_status['unchanged'])}, "
+              f"chunks {chunks}, {chunks / elapsed if elapsed > 0 else 0.0:.1f} chunks/s, {len(errors)} errors")
+        for a in errors:
+            print(f"  line {a.sequence} {a.source_id}@{a.version}: {a.field} {a.message}")
+        if broken is not None:
+            committed = len(by_status["indexed"]) + len(by_status["unchanged"])
+            print(f"stream broke ({broken.code().name}: {broken.details()}): {committed} documents committed; "
+                  f"{len(unacked)} not acknowledged ({sent - len(acks)} sent without an ack, {len(docs) - sent} "
+                  f"never sent), first at line {unacked[0][0] if unacked else '-'}; re-run the same file to "
+                  "index only what is missing")
+    if broken is not None:
+        return 3
+    return 1 if errors or local_errors else 0
 
 
 def _request(args: argparse.Namespace) -> Any:
@@ -354,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("--target", default="127.0.0.1:50051")
     i.add_argument("--api-key", default="")
     i.add_argument("--json", action="store_true")
+    i.add_argument("--window", type=int, default=64, help="documents sent ahead of their acknowledgement")
     _client_arguments(i)
     i.set_defaults(fn=cmd_ingest)
 

@@ -118,6 +118,9 @@ class Config:
     chunk_chars: int = 500
     parent_chars: int = 2000
     embed_batch: int = 16
+    # IngestStream: unacknowledged documents a stream may have before the server stops
+    # reading it (flow control).
+    ingest_max_in_flight: int = 64
 
     @property
     def engine_kind(self) -> str:

@@ -18,6 +18,7 @@ from service.api import convert, plan_convert
 from service.api.admission import Admission
 from service.api.auth import Authenticator
 from service.api.errors import LOOKUP_OUTCOME_ERRORS, abort_with
+from service.api.ingest_stream import ingest_stream
 from service.app import App
 from service.engines.base import EngineError
 from service.errors import BackendFailure, DomainError, InvalidArgument, NotFound
@@ -174,6 +175,19 @@ class CorpusServicer(corpus_pb2_grpc.CorpusServiceServicer):
             raise AssertionError("unreachable")
         with self.admission.stream(principal):
             return await self._ingest(request_iterator, context)
+
+    async def IngestStream(  # noqa: N802
+        self, request_iterator: AsyncIterator[corpus_pb2.IngestStreamRequest], context: Context
+    ) -> AsyncIterator[corpus_pb2.IngestStreamResponse]:
+        try:
+            principal = self.auth.authenticate(context)
+            self.admission.admit_stream(principal)
+        except DomainError as exc:
+            await abort_with(context, exc)
+            return
+        with self.admission.stream(principal):
+            async for response in ingest_stream(self.app, request_iterator):
+                yield response
 
     async def _ingest(
         self, request_iterator: AsyncIterator[corpus_pb2.IngestRequest], context: Context

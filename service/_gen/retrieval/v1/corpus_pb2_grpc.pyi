@@ -49,6 +49,21 @@ class CorpusServiceStub:
     written, are in IngestSummary.errors with an empty field), INVALID_ARGUMENT (the
     stream is empty), UNAVAILABLE (the server is shutting down), UNAUTHENTICATED.
     """
+    IngestStream: _grpc.StreamStreamMultiCallable[_corpus_pb2.IngestStreamRequest, _corpus_pb2.IngestStreamResponse]
+    """IngestStream is Ingest with acknowledgements. Each document the caller sends comes
+    back in exactly one IngestStreamResponse once it is committed (written and visible to
+    searches) or has failed, with its sequence number, its outcome and, on failure, the
+    field and message; several documents may share one response, in completion order.
+    Flow control: the server holds at most `max_in_flight` (reported in every response)
+    unacknowledged documents and stops reading the stream while it is at that bound, so
+    a fast caller cannot fill the server's memory. A document without an ack when the
+    stream breaks was not necessarily committed: send it again. Re-sending a committed
+    document is a no-op acknowledged as UNCHANGED (same source, version and content), so
+    re-running a whole file after a break indexes only what is missing.
+    Status codes: OK (per-document failures are in the acks), UNAVAILABLE (the server is
+    shutting down), RESOURCE_EXHAUSTED (the principal's rate or concurrency quota, with
+    RetryInfo), UNAUTHENTICATED.
+    """
     DeleteDocument: _grpc.UnaryUnaryMultiCallable[_corpus_pb2.DeleteDocumentRequest, _corpus_pb2.DeleteDocumentResponse]
     """DeleteDocument removes one version of a source, or every version.
     Status codes: OK, INVALID_ARGUMENT (empty source_id), NOT_FOUND, UNAVAILABLE.
@@ -80,6 +95,21 @@ class CorpusServiceAsyncStub(CorpusServiceStub):
     Status codes: OK (per-document failures, including an engine that could not be
     written, are in IngestSummary.errors with an empty field), INVALID_ARGUMENT (the
     stream is empty), UNAVAILABLE (the server is shutting down), UNAUTHENTICATED.
+    """
+    IngestStream: _aio.StreamStreamMultiCallable[_corpus_pb2.IngestStreamRequest, _corpus_pb2.IngestStreamResponse]  # type: ignore[assignment]
+    """IngestStream is Ingest with acknowledgements. Each document the caller sends comes
+    back in exactly one IngestStreamResponse once it is committed (written and visible to
+    searches) or has failed, with its sequence number, its outcome and, on failure, the
+    field and message; several documents may share one response, in completion order.
+    Flow control: the server holds at most `max_in_flight` (reported in every response)
+    unacknowledged documents and stops reading the stream while it is at that bound, so
+    a fast caller cannot fill the server's memory. A document without an ack when the
+    stream breaks was not necessarily committed: send it again. Re-sending a committed
+    document is a no-op acknowledged as UNCHANGED (same source, version and content), so
+    re-running a whole file after a break indexes only what is missing.
+    Status codes: OK (per-document failures are in the acks), UNAVAILABLE (the server is
+    shutting down), RESOURCE_EXHAUSTED (the principal's rate or concurrency quota, with
+    RetryInfo), UNAUTHENTICATED.
     """
     DeleteDocument: _aio.UnaryUnaryMultiCallable[_corpus_pb2.DeleteDocumentRequest, _corpus_pb2.DeleteDocumentResponse]  # type: ignore[assignment]
     """DeleteDocument removes one version of a source, or every version.
@@ -115,6 +145,27 @@ class CorpusServiceServicer(metaclass=_abc_1.ABCMeta):
         Status codes: OK (per-document failures, including an engine that could not be
         written, are in IngestSummary.errors with an empty field), INVALID_ARGUMENT (the
         stream is empty), UNAVAILABLE (the server is shutting down), UNAUTHENTICATED.
+        """
+
+    @_abc_1.abstractmethod
+    def IngestStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_corpus_pb2.IngestStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_corpus_pb2.IngestStreamResponse], _abc.AsyncIterator[_corpus_pb2.IngestStreamResponse]]:
+        """IngestStream is Ingest with acknowledgements. Each document the caller sends comes
+        back in exactly one IngestStreamResponse once it is committed (written and visible to
+        searches) or has failed, with its sequence number, its outcome and, on failure, the
+        field and message; several documents may share one response, in completion order.
+        Flow control: the server holds at most `max_in_flight` (reported in every response)
+        unacknowledged documents and stops reading the stream while it is at that bound, so
+        a fast caller cannot fill the server's memory. A document without an ack when the
+        stream breaks was not necessarily committed: send it again. Re-sending a committed
+        document is a no-op acknowledged as UNCHANGED (same source, version and content), so
+        re-running a whole file after a break indexes only what is missing.
+        Status codes: OK (per-document failures are in the acks), UNAVAILABLE (the server is
+        shutting down), RESOURCE_EXHAUSTED (the principal's rate or concurrency quota, with
+        RetryInfo), UNAUTHENTICATED.
         """
 
     @_abc_1.abstractmethod
