@@ -29,7 +29,8 @@ class CorpusServiceStub:
     """CorpusService writes and reads the knowledge base.
 
     Transport-level codes shared with RetrievalService: UNAUTHENTICATED (API keys
-    configured, none valid), RESOURCE_EXHAUSTED (overload; `retry-after-ms` trailer),
+    configured, none valid), RESOURCE_EXHAUSTED (overload, or the principal's rate limit
+    or concurrency quota; RetryInfo and a `retry-after-ms` trailer),
     UNAVAILABLE (shutting down).
     """
 
@@ -65,7 +66,8 @@ class CorpusServiceServicer:
     """CorpusService writes and reads the knowledge base.
 
     Transport-level codes shared with RetrievalService: UNAUTHENTICATED (API keys
-    configured, none valid), RESOURCE_EXHAUSTED (overload; `retry-after-ms` trailer),
+    configured, none valid), RESOURCE_EXHAUSTED (overload, or the principal's rate limit
+    or concurrency quota; RetryInfo and a `retry-after-ms` trailer),
     UNAVAILABLE (shutting down).
     """
 
@@ -156,7 +158,8 @@ class CorpusService:
     """CorpusService writes and reads the knowledge base.
 
     Transport-level codes shared with RetrievalService: UNAUTHENTICATED (API keys
-    configured, none valid), RESOURCE_EXHAUSTED (overload; `retry-after-ms` trailer),
+    configured, none valid), RESOURCE_EXHAUSTED (overload, or the principal's rate limit
+    or concurrency quota; RetryInfo and a `retry-after-ms` trailer),
     UNAVAILABLE (shutting down).
     """
 

@@ -30,7 +30,8 @@ class CorpusServiceStub:
     """CorpusService writes and reads the knowledge base.
 
     Transport-level codes shared with RetrievalService: UNAUTHENTICATED (API keys
-    configured, none valid), RESOURCE_EXHAUSTED (overload; `retry-after-ms` trailer),
+    configured, none valid), RESOURCE_EXHAUSTED (overload, or the principal's rate limit
+    or concurrency quota; RetryInfo and a `retry-after-ms` trailer),
     UNAVAILABLE (shutting down).
     """
 
@@ -80,7 +81,8 @@ class CorpusServiceAsyncStub(CorpusServiceStub):
     """CorpusService writes and reads the knowledge base.
 
     Transport-level codes shared with RetrievalService: UNAUTHENTICATED (API keys
-    configured, none valid), RESOURCE_EXHAUSTED (overload; `retry-after-ms` trailer),
+    configured, none valid), RESOURCE_EXHAUSTED (overload, or the principal's rate limit
+    or concurrency quota; RetryInfo and a `retry-after-ms` trailer),
     UNAVAILABLE (shutting down).
     """
 
@@ -126,7 +128,8 @@ class CorpusServiceServicer(metaclass=_abc_1.ABCMeta):
     """CorpusService writes and reads the knowledge base.
 
     Transport-level codes shared with RetrievalService: UNAUTHENTICATED (API keys
-    configured, none valid), RESOURCE_EXHAUSTED (overload; `retry-after-ms` trailer),
+    configured, none valid), RESOURCE_EXHAUSTED (overload, or the principal's rate limit
+    or concurrency quota; RetryInfo and a `retry-after-ms` trailer),
     UNAVAILABLE (shutting down).
     """
 

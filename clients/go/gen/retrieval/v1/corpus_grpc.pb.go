@@ -32,7 +32,8 @@ const (
 // CorpusService writes and reads the knowledge base.
 //
 // Transport-level codes shared with RetrievalService: UNAUTHENTICATED (API keys
-// configured, none valid), RESOURCE_EXHAUSTED (overload; `retry-after-ms` trailer),
+// configured, none valid), RESOURCE_EXHAUSTED (overload, or the principal's rate limit
+// or concurrency quota; RetryInfo and a `retry-after-ms` trailer),
 // UNAVAILABLE (shutting down).
 type CorpusServiceClient interface {
 	// Ingest streams documents in. Each document is validated, chunked (heading
@@ -130,7 +131,8 @@ func (c *corpusServiceClient) GetEvidence(ctx context.Context, in *GetEvidenceRe
 // CorpusService writes and reads the knowledge base.
 //
 // Transport-level codes shared with RetrievalService: UNAUTHENTICATED (API keys
-// configured, none valid), RESOURCE_EXHAUSTED (overload; `retry-after-ms` trailer),
+// configured, none valid), RESOURCE_EXHAUSTED (overload, or the principal's rate limit
+// or concurrency quota; RetryInfo and a `retry-after-ms` trailer),
 // UNAVAILABLE (shutting down).
 type CorpusServiceServer interface {
 	// Ingest streams documents in. Each document is validated, chunked (heading

@@ -32,11 +32,14 @@ class RetrievalServiceStub:
 
     Every RPC may also fail with these transport-level codes, mapped from domain errors by
     one table (service/api/errors.py):
-      UNAUTHENTICATED     API keys are configured and the call has no valid `x-api-key`.
+      UNAUTHENTICATED     auth is on (API keys or client certificates) and the call has
+                          neither a valid `x-api-key` nor a known client certificate.
       INVALID_ARGUMENT    a field is malformed; google.rpc.BadRequest field violations in
                           the `grpc-status-details-bin` trailer name each field.
       RESOURCE_EXHAUSTED  the server is overloaded (too many attempts in flight, model
-                          queues nearly full); the `retry-after-ms` trailer and a
+                          queues nearly full) or the caller's principal is over its rate
+                          limit or concurrency quota (every RPC of every service counts
+                          against the principal's rate); the `retry-after-ms` trailer and a
                           google.rpc.RetryInfo say when to retry. Not recorded as an
                           attempt: nothing reached the policy checks.
       UNAVAILABLE         the server is shutting down.
@@ -88,11 +91,14 @@ class RetrievalServiceAsyncStub(RetrievalServiceStub):
 
     Every RPC may also fail with these transport-level codes, mapped from domain errors by
     one table (service/api/errors.py):
-      UNAUTHENTICATED     API keys are configured and the call has no valid `x-api-key`.
+      UNAUTHENTICATED     auth is on (API keys or client certificates) and the call has
+                          neither a valid `x-api-key` nor a known client certificate.
       INVALID_ARGUMENT    a field is malformed; google.rpc.BadRequest field violations in
                           the `grpc-status-details-bin` trailer name each field.
       RESOURCE_EXHAUSTED  the server is overloaded (too many attempts in flight, model
-                          queues nearly full); the `retry-after-ms` trailer and a
+                          queues nearly full) or the caller's principal is over its rate
+                          limit or concurrency quota (every RPC of every service counts
+                          against the principal's rate); the `retry-after-ms` trailer and a
                           google.rpc.RetryInfo say when to retry. Not recorded as an
                           attempt: nothing reached the policy checks.
       UNAVAILABLE         the server is shutting down.
@@ -140,11 +146,14 @@ class RetrievalServiceServicer(metaclass=_abc_1.ABCMeta):
 
     Every RPC may also fail with these transport-level codes, mapped from domain errors by
     one table (service/api/errors.py):
-      UNAUTHENTICATED     API keys are configured and the call has no valid `x-api-key`.
+      UNAUTHENTICATED     auth is on (API keys or client certificates) and the call has
+                          neither a valid `x-api-key` nor a known client certificate.
       INVALID_ARGUMENT    a field is malformed; google.rpc.BadRequest field violations in
                           the `grpc-status-details-bin` trailer name each field.
       RESOURCE_EXHAUSTED  the server is overloaded (too many attempts in flight, model
-                          queues nearly full); the `retry-after-ms` trailer and a
+                          queues nearly full) or the caller's principal is over its rate
+                          limit or concurrency quota (every RPC of every service counts
+                          against the principal's rate); the `retry-after-ms` trailer and a
                           google.rpc.RetryInfo say when to retry. Not recorded as an
                           attempt: nothing reached the policy checks.
       UNAVAILABLE         the server is shutting down.

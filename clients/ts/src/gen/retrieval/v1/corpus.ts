@@ -1710,7 +1710,8 @@ export const GetEvidenceResponse: MessageFns<GetEvidenceResponse> = {
  * CorpusService writes and reads the knowledge base.
  *
  * Transport-level codes shared with RetrievalService: UNAUTHENTICATED (API keys
- * configured, none valid), RESOURCE_EXHAUSTED (overload; `retry-after-ms` trailer),
+ * configured, none valid), RESOURCE_EXHAUSTED (overload, or the principal's rate limit
+ * or concurrency quota; RetryInfo and a `retry-after-ms` trailer),
  * UNAVAILABLE (shutting down).
  */
 export type CorpusServiceService = typeof CorpusServiceService;
