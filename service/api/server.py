@@ -27,6 +27,7 @@ from service.api.ledger_servicer import LedgerServicer
 from service.api.admission import Admission
 from service.api.quotas import Limits
 from service.api.servicers import CorpusServicer, RetrievalServicer
+from service.api.undecodable import RejectUndecodable
 from service.api.transport_security import check_exposure, server_credentials
 from service.app import App
 
@@ -52,7 +53,7 @@ class Server:
             cfg.anonymous_max_searches_per_run), client_certs=bool(cfg.tls_client_ca_file))
         self.admission = Admission(app, self.auth.quotas)
         self.health = health.aio.HealthServicer()
-        self.grpc = grpc.aio.server(options=[
+        self.grpc = grpc.aio.server(interceptors=[RejectUndecodable()], options=[
             ("grpc.max_receive_message_length", 64 * 1024 * 1024),
             ("grpc.so_reuseport", 0),
         ])

@@ -1,0 +1,81 @@
+"""Requests that are not valid protobuf at the wire level (e.g. a string field with bytes
+that are not UTF-8) are INVALID_ARGUMENT, not an unhandled DecodeError (which grpc reports
+as UNKNOWN). A server interceptor swaps every method's request deserializer for one that
+returns a marker instead of raising, and answers the marker with INVALID_ARGUMENT (for
+streams, at the message that could not be decoded)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from service.api.errors import abort_with
+from service.errors import InvalidArgument
+
+
+class Undecodable:
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _safe(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def decode(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as exc:  # DecodeError and friends: the caller's bytes, not our bug
+            return Undecodable(str(exc))
+    return decode
+
+
+async def _reject(context: Any, bad: Undecodable) -> None:
+    await abort_with(context, InvalidArgument.one("request", f"not a valid protobuf message: {bad.reason}"))
+
+
+async def _checked(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+    async for request in requests:
+        if isinstance(request, Undecodable):
+            await _reject(context, request)
+        yield request
+
+
+class RejectUndecodable(grpc.aio.ServerInterceptor):
+    async def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        decode = _safe(handler.request_deserializer)
+        encode = handler.response_serializer
+        if handler.unary_unary is not None:
+            inner_uu = handler.unary_unary
+
+            async def unary_unary(request: Any, context: Any) -> Any:
+                if isinstance(request, Undecodable):
+                    await _reject(context, request)
+                return await inner_uu(request, context)
+            return grpc.unary_unary_rpc_method_handler(unary_unary, decode, encode)
+        if handler.unary_stream is not None:
+            inner_us = handler.unary_stream
+
+            async def unary_stream(request: Any, context: Any) -> AsyncIterator[Any]:
+                if isinstance(request, Undecodable):
+                    await _reject(context, request)
+                async for response in inner_us(request, context):
+                    yield response
+            return grpc.unary_stream_rpc_method_handler(unary_stream, decode, encode)
+        if handler.stream_unary is not None:
+            inner_su = handler.stream_unary
+
+            async def stream_unary(requests: AsyncIterator[Any], context: Any) -> Any:
+                return await inner_su(_checked(requests, context), context)
+            return grpc.stream_unary_rpc_method_handler(stream_unary, decode, encode)
+        inner_ss = handler.stream_stream
+
+        async def stream_stream(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+            async for response in inner_ss(_checked(requests, context), context):
+                yield response
+        return grpc.stream_stream_rpc_method_handler(stream_stream, decode, encode)
