@@ -115,11 +115,12 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         self, request: retrieval_pb2.GetAttemptRequest, context: Context
     ) -> retrieval_pb2.GetAttemptResponse:
         try:
-            self.auth.authenticate(context)
+            principal = self.auth.authenticate(context)
             if not request.attempt_id:
                 raise InvalidArgument.one("attempt_id", "must not be empty")
             record = await self.app.ledger_ops.get_attempt(request.attempt_id)
-            if record is None:
+            # Another principal's attempt (its query, the evidence it saw) answers like an unknown id.
+            if record is None or not (principal.unrestricted or record.principal == principal.name):
                 raise NotFound(f"no attempt {request.attempt_id!r}")
         except DomainError as exc:
             await abort_with(context, exc)
@@ -265,12 +266,20 @@ class CorpusServicer(corpus_pb2_grpc.CorpusServiceServicer):
             try:
                 found = await self.app.engine.get_chunks([request.evidence_id])
                 versions = await self.app.engine.versions(source)
+                # Only versions this caller may see: a hidden source answers like an unknown one.
+                heads = await self.app.engine.get_chunks([f"{source}#0@{v}" for v in versions])
             except EngineError as exc:
                 raise BackendFailure(f"engine {self.app.engine.name}: {exc}")
         except DomainError as exc:
             await abort_with(context, exc)
             raise AssertionError("unreachable")
-        visible = [c for c in found if principal.unrestricted or not c.acl or set(c.acl) & set(principal.groups)]
+
+        def may_see(c: Any) -> bool:
+            return principal.unrestricted or not c.acl or bool(set(c.acl) & set(principal.groups))
+
+        visible = [c for c in found if may_see(c)]
+        seen_versions = {c.version for c in heads if may_see(c)}
+        versions = [v for v in versions if v in seen_versions]
         if visible:
             chunk = visible[0]
             return corpus_pb2.GetEvidenceResponse(

@@ -38,6 +38,7 @@ from service.config import Config
 from service.models.dummy import HashEmbedder
 from tests.support.harness import Live, launch, shutdown
 
+pytestmark = pytest.mark.fuzz
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "30"))
 FORBIDDEN = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DATA_LOSS}
 METHODS: list[MethodDescriptor] = [

@@ -122,7 +122,8 @@ class RetrievalServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetAttempt(self, request, context):
-        """GetAttempt reads one recorded attempt from the ledger.
+        """GetAttempt reads one recorded attempt from the ledger. Another principal's attempt
+        answers exactly like an unknown id (NOT_FOUND).
         Status codes: OK, INVALID_ARGUMENT (empty id), NOT_FOUND, UNAUTHENTICATED,
         UNAVAILABLE (the ledger store cannot be reached).
         """

@@ -71,7 +71,8 @@ class RetrievalServiceStub:
     DEADLINE_EXCEEDED, UNAVAILABLE, FAILED_PRECONDITION, PERMISSION_DENIED, CANCELLED.
     """
     GetAttempt: _grpc.UnaryUnaryMultiCallable[_retrieval_pb2.GetAttemptRequest, _retrieval_pb2.GetAttemptResponse]
-    """GetAttempt reads one recorded attempt from the ledger.
+    """GetAttempt reads one recorded attempt from the ledger. Another principal's attempt
+    answers exactly like an unknown id (NOT_FOUND).
     Status codes: OK, INVALID_ARGUMENT (empty id), NOT_FOUND, UNAUTHENTICATED,
     UNAVAILABLE (the ledger store cannot be reached).
     """
@@ -127,7 +128,8 @@ class RetrievalServiceAsyncStub(RetrievalServiceStub):
     DEADLINE_EXCEEDED, UNAVAILABLE, FAILED_PRECONDITION, PERMISSION_DENIED, CANCELLED.
     """
     GetAttempt: _aio.UnaryUnaryMultiCallable[_retrieval_pb2.GetAttemptRequest, _retrieval_pb2.GetAttemptResponse]  # type: ignore[assignment]
-    """GetAttempt reads one recorded attempt from the ledger.
+    """GetAttempt reads one recorded attempt from the ledger. Another principal's attempt
+    answers exactly like an unknown id (NOT_FOUND).
     Status codes: OK, INVALID_ARGUMENT (empty id), NOT_FOUND, UNAUTHENTICATED,
     UNAVAILABLE (the ledger store cannot be reached).
     """
@@ -198,7 +200,8 @@ class RetrievalServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _retrieval_pb2.GetAttemptRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_retrieval_pb2.GetAttemptResponse, _abc.Awaitable[_retrieval_pb2.GetAttemptResponse]]:
-        """GetAttempt reads one recorded attempt from the ledger.
+        """GetAttempt reads one recorded attempt from the ledger. Another principal's attempt
+        answers exactly like an unknown id (NOT_FOUND).
         Status codes: OK, INVALID_ARGUMENT (empty id), NOT_FOUND, UNAUTHENTICATED,
         UNAVAILABLE (the ledger store cannot be reached).
         """

@@ -65,7 +65,9 @@ type CorpusServiceClient interface {
 	DeleteDocument(ctx context.Context, in *DeleteDocumentRequest, opts ...grpc.CallOption) (*DeleteDocumentResponse, error)
 	// GetEvidence fetches the exact text of an evidence id (`source#chunk@version`). It
 	// never substitutes another version: when that version is gone the response says
-	// fidelity is degraded and lists the versions that exist.
+	// fidelity is degraded and lists the versions that exist. Only what the caller may
+	// see counts: a document hidden by its ACL (and its versions) answers exactly like an
+	// id that was never ingested.
 	// Status codes: OK, INVALID_ARGUMENT (malformed id), UNAVAILABLE.
 	GetEvidence(ctx context.Context, in *GetEvidenceRequest, opts ...grpc.CallOption) (*GetEvidenceResponse, error)
 }
@@ -164,7 +166,9 @@ type CorpusServiceServer interface {
 	DeleteDocument(context.Context, *DeleteDocumentRequest) (*DeleteDocumentResponse, error)
 	// GetEvidence fetches the exact text of an evidence id (`source#chunk@version`). It
 	// never substitutes another version: when that version is gone the response says
-	// fidelity is degraded and lists the versions that exist.
+	// fidelity is degraded and lists the versions that exist. Only what the caller may
+	// see counts: a document hidden by its ACL (and its versions) answers exactly like an
+	// id that was never ingested.
 	// Status codes: OK, INVALID_ARGUMENT (malformed id), UNAVAILABLE.
 	GetEvidence(context.Context, *GetEvidenceRequest) (*GetEvidenceResponse, error)
 	mustEmbedUnimplementedCorpusServiceServer()

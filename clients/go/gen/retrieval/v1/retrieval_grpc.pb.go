@@ -68,7 +68,8 @@ type RetrievalServiceClient interface {
 	// Status codes: OK, INVALID_ARGUMENT, UNAUTHENTICATED, RESOURCE_EXHAUSTED,
 	// DEADLINE_EXCEEDED, UNAVAILABLE, FAILED_PRECONDITION, PERMISSION_DENIED, CANCELLED.
 	Lookup(ctx context.Context, in *RetrieveRequest, opts ...grpc.CallOption) (*LookupResult, error)
-	// GetAttempt reads one recorded attempt from the ledger.
+	// GetAttempt reads one recorded attempt from the ledger. Another principal's attempt
+	// answers exactly like an unknown id (NOT_FOUND).
 	// Status codes: OK, INVALID_ARGUMENT (empty id), NOT_FOUND, UNAUTHENTICATED,
 	// UNAVAILABLE (the ledger store cannot be reached).
 	GetAttempt(ctx context.Context, in *GetAttemptRequest, opts ...grpc.CallOption) (*GetAttemptResponse, error)
@@ -182,7 +183,8 @@ type RetrievalServiceServer interface {
 	// Status codes: OK, INVALID_ARGUMENT, UNAUTHENTICATED, RESOURCE_EXHAUSTED,
 	// DEADLINE_EXCEEDED, UNAVAILABLE, FAILED_PRECONDITION, PERMISSION_DENIED, CANCELLED.
 	Lookup(context.Context, *RetrieveRequest) (*LookupResult, error)
-	// GetAttempt reads one recorded attempt from the ledger.
+	// GetAttempt reads one recorded attempt from the ledger. Another principal's attempt
+	// answers exactly like an unknown id (NOT_FOUND).
 	// Status codes: OK, INVALID_ARGUMENT (empty id), NOT_FOUND, UNAUTHENTICATED,
 	// UNAVAILABLE (the ledger store cannot be reached).
 	GetAttempt(context.Context, *GetAttemptRequest) (*GetAttemptResponse, error)

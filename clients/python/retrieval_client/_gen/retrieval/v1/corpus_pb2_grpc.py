@@ -116,7 +116,9 @@ class CorpusServiceServicer:
     def GetEvidence(self, request, context):
         """GetEvidence fetches the exact text of an evidence id (`source#chunk@version`). It
         never substitutes another version: when that version is gone the response says
-        fidelity is degraded and lists the versions that exist.
+        fidelity is degraded and lists the versions that exist. Only what the caller may
+        see counts: a document hidden by its ACL (and its versions) answers exactly like an
+        id that was never ingested.
         Status codes: OK, INVALID_ARGUMENT (malformed id), UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

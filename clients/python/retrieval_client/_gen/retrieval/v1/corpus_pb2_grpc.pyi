@@ -72,7 +72,9 @@ class CorpusServiceStub:
     GetEvidence: _grpc.UnaryUnaryMultiCallable[_corpus_pb2.GetEvidenceRequest, _corpus_pb2.GetEvidenceResponse]
     """GetEvidence fetches the exact text of an evidence id (`source#chunk@version`). It
     never substitutes another version: when that version is gone the response says
-    fidelity is degraded and lists the versions that exist.
+    fidelity is degraded and lists the versions that exist. Only what the caller may
+    see counts: a document hidden by its ACL (and its versions) answers exactly like an
+    id that was never ingested.
     Status codes: OK, INVALID_ARGUMENT (malformed id), UNAVAILABLE.
     """
 
@@ -120,7 +122,9 @@ class CorpusServiceAsyncStub(CorpusServiceStub):
     GetEvidence: _aio.UnaryUnaryMultiCallable[_corpus_pb2.GetEvidenceRequest, _corpus_pb2.GetEvidenceResponse]  # type: ignore[assignment]
     """GetEvidence fetches the exact text of an evidence id (`source#chunk@version`). It
     never substitutes another version: when that version is gone the response says
-    fidelity is degraded and lists the versions that exist.
+    fidelity is degraded and lists the versions that exist. Only what the caller may
+    see counts: a document hidden by its ACL (and its versions) answers exactly like an
+    id that was never ingested.
     Status codes: OK, INVALID_ARGUMENT (malformed id), UNAVAILABLE.
     """
 
@@ -189,7 +193,9 @@ class CorpusServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_corpus_pb2.GetEvidenceResponse, _abc.Awaitable[_corpus_pb2.GetEvidenceResponse]]:
         """GetEvidence fetches the exact text of an evidence id (`source#chunk@version`). It
         never substitutes another version: when that version is gone the response says
-        fidelity is degraded and lists the versions that exist.
+        fidelity is degraded and lists the versions that exist. Only what the caller may
+        see counts: a document hidden by its ACL (and its versions) answers exactly like an
+        id that was never ingested.
         Status codes: OK, INVALID_ARGUMENT (malformed id), UNAVAILABLE.
         """
 

@@ -1779,7 +1779,9 @@ export const CorpusServiceService = {
   /**
    * GetEvidence fetches the exact text of an evidence id (`source#chunk@version`). It
    * never substitutes another version: when that version is gone the response says
-   * fidelity is degraded and lists the versions that exist.
+   * fidelity is degraded and lists the versions that exist. Only what the caller may
+   * see counts: a document hidden by its ACL (and its versions) answers exactly like an
+   * id that was never ingested.
    * Status codes: OK, INVALID_ARGUMENT (malformed id), UNAVAILABLE.
    */
   getEvidence: {
@@ -1830,7 +1832,9 @@ export interface CorpusServiceServer extends UntypedServiceImplementation {
   /**
    * GetEvidence fetches the exact text of an evidence id (`source#chunk@version`). It
    * never substitutes another version: when that version is gone the response says
-   * fidelity is degraded and lists the versions that exist.
+   * fidelity is degraded and lists the versions that exist. Only what the caller may
+   * see counts: a document hidden by its ACL (and its versions) answers exactly like an
+   * id that was never ingested.
    * Status codes: OK, INVALID_ARGUMENT (malformed id), UNAVAILABLE.
    */
   getEvidence: handleUnaryCall<GetEvidenceRequest, GetEvidenceResponse>;
@@ -1905,7 +1909,9 @@ export interface CorpusServiceClient extends Client {
   /**
    * GetEvidence fetches the exact text of an evidence id (`source#chunk@version`). It
    * never substitutes another version: when that version is gone the response says
-   * fidelity is degraded and lists the versions that exist.
+   * fidelity is degraded and lists the versions that exist. Only what the caller may
+   * see counts: a document hidden by its ACL (and its versions) answers exactly like an
+   * id that was never ingested.
    * Status codes: OK, INVALID_ARGUMENT (malformed id), UNAVAILABLE.
    */
   getEvidence(

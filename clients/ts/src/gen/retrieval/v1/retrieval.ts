@@ -3761,7 +3761,8 @@ export const RetrievalServiceService = {
     responseDeserialize: (value: Buffer): LookupResult => LookupResult.decode(value),
   },
   /**
-   * GetAttempt reads one recorded attempt from the ledger.
+   * GetAttempt reads one recorded attempt from the ledger. Another principal's attempt
+   * answers exactly like an unknown id (NOT_FOUND).
    * Status codes: OK, INVALID_ARGUMENT (empty id), NOT_FOUND, UNAUTHENTICATED,
    * UNAVAILABLE (the ledger store cannot be reached).
    */
@@ -3817,7 +3818,8 @@ export interface RetrievalServiceServer extends UntypedServiceImplementation {
    */
   lookup: handleUnaryCall<RetrieveRequest, LookupResult>;
   /**
-   * GetAttempt reads one recorded attempt from the ledger.
+   * GetAttempt reads one recorded attempt from the ledger. Another principal's attempt
+   * answers exactly like an unknown id (NOT_FOUND).
    * Status codes: OK, INVALID_ARGUMENT (empty id), NOT_FOUND, UNAUTHENTICATED,
    * UNAVAILABLE (the ledger store cannot be reached).
    */
@@ -3876,7 +3878,8 @@ export interface RetrievalServiceClient extends Client {
     callback: (error: ServiceError | null, response: LookupResult) => void,
   ): ClientUnaryCall;
   /**
-   * GetAttempt reads one recorded attempt from the ledger.
+   * GetAttempt reads one recorded attempt from the ledger. Another principal's attempt
+   * answers exactly like an unknown id (NOT_FOUND).
    * Status codes: OK, INVALID_ARGUMENT (empty id), NOT_FOUND, UNAUTHENTICATED,
    * UNAVAILABLE (the ledger store cannot be reached).
    */
