@@ -6,8 +6,10 @@ streams, at the message that could not be decoded)."""
 
 from __future__ import annotations
 
+import contextlib
+
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -40,18 +42,22 @@ async def _checked(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[
         yield request
 
 
+if TYPE_CHECKING:  # generic only in the type stubs
+    Handler = grpc.RpcMethodHandler[Any, Any]
+
+
 class RejectUndecodable(grpc.aio.ServerInterceptor):
     async def intercept_service(
-        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> Handler | None:
         handler = await continuation(handler_call_details)
         if handler is None or handler.request_deserializer is None:
             return handler
         decode = _safe(handler.request_deserializer)
         encode = handler.response_serializer
         if handler.unary_unary is not None:
-            inner_uu = handler.unary_unary
+            inner_uu: Any = handler.unary_unary
 
             async def unary_unary(request: Any, context: Any) -> Any:
                 if isinstance(request, Undecodable):
@@ -59,23 +65,25 @@ class RejectUndecodable(grpc.aio.ServerInterceptor):
                 return await inner_uu(request, context)
             return grpc.unary_unary_rpc_method_handler(unary_unary, decode, encode)
         if handler.unary_stream is not None:
-            inner_us = handler.unary_stream
+            inner_us: Any = handler.unary_stream
 
             async def unary_stream(request: Any, context: Any) -> AsyncIterator[Any]:
                 if isinstance(request, Undecodable):
                     await _reject(context, request)
-                async for response in inner_us(request, context):
-                    yield response
+                async with contextlib.aclosing(inner_us(request, context)) as responses:  # cancel reaches it at once
+                    async for response in responses:
+                        yield response
             return grpc.unary_stream_rpc_method_handler(unary_stream, decode, encode)
         if handler.stream_unary is not None:
-            inner_su = handler.stream_unary
+            inner_su: Any = handler.stream_unary
 
             async def stream_unary(requests: AsyncIterator[Any], context: Any) -> Any:
                 return await inner_su(_checked(requests, context), context)
             return grpc.stream_unary_rpc_method_handler(stream_unary, decode, encode)
-        inner_ss = handler.stream_stream
+        inner_ss: Any = handler.stream_stream
 
         async def stream_stream(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
-            async for response in inner_ss(_checked(requests, context), context):
-                yield response
+            async with contextlib.aclosing(inner_ss(_checked(requests, context), context)) as responses:
+                async for response in responses:
+                    yield response
         return grpc.stream_stream_rpc_method_handler(stream_stream, decode, encode)

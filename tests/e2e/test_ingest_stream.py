@@ -90,7 +90,9 @@ async def test_connection_cut_mid_stream_then_rerun_indexes_only_what_is_missing
     docs = [_doc(i) for i in range(N_DOCS)]
     try:
         first, err = await _stream_through(f"127.0.0.1:{proxy.port}", docs, cut=proxy, cut_after=20)
-        assert err is not None and err.code() == grpc.StatusCode.UNAVAILABLE, err
+        # UNAVAILABLE when the client was reading; grpc's client reports a write into the
+        # dropped connection as INTERNAL "Internal error from Core" (client side, not the server).
+        assert err is not None and err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL), err
         assert 20 <= len(first) < N_DOCS, len(first)
         for ack in first.values():  # every acknowledged document is searchable
             assert ack.status == corpus_pb2.DOCUMENT_STATUS_INDEXED and await _visible(live, ack), ack
@@ -132,7 +134,7 @@ async def test_cli_progress_counts_acks_and_reports_a_broken_stream(live: Live, 
         out, _ = await asyncio.wait_for(proc.communicate(), 60)
         text = out.decode()
         assert proc.returncode == 3, text
-        assert "stream broke (UNAVAILABLE" in text and "re-run the same file" in text, text
+        assert "stream broke (" in text and "re-run the same file" in text, text
         committed = int(re.search(r"(\d+) documents committed", text).group(1))  # type: ignore[union-attr]
         assert 10 <= committed < N_DOCS, text
 

@@ -258,3 +258,33 @@ def test_fuzz_rpc(server: Background, method: MethodDescriptor) -> None:
         channel.close()
         counts = {k[1]: v for k, v in TALLY.items() if k[0] == method.name}
         print(f"\nfuzz {method.name}: {sum(counts.values())} requests {dict(sorted(counts.items()))}")
+
+
+@pytest.mark.parametrize("name", ["Lookup", "Retrieve", "GetEvidence", "Ingest", "IngestStream"])
+def test_bytes_that_are_not_utf8_are_invalid_argument(server: Background, name: str) -> None:
+    method = next(m for m in METHODS if m.name == name)
+    field = next(f for f in method.input_type.fields if f.type == FieldDescriptor.TYPE_STRING
+                 or f.message_type is not None)
+    junk = b"\xff\xfe"
+    if field.type == FieldDescriptor.TYPE_STRING:
+        payload = _varint((field.number << 3) | 2) + _varint(len(junk)) + junk
+    else:  # a Document whose source_id (field 1) is not UTF-8
+        inner = b"\x0a" + _varint(len(junk)) + junk
+        payload = _varint((field.number << 3) | 2) + _varint(len(inner)) + inner
+    channel = grpc.insecure_channel(server.live.target)
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            path = f"/{method.containing_service.full_name}/{method.name}"
+            ident = lambda b: b  # noqa: E731
+            if method.client_streaming and method.server_streaming:
+                list(channel.stream_stream(path, ident, ident)(iter([payload]), timeout=10))
+            elif method.client_streaming:
+                channel.stream_unary(path, ident, ident)(iter([payload]), timeout=10)
+            elif method.server_streaming:
+                list(channel.unary_stream(path, ident, ident)(payload, timeout=10))
+            else:
+                channel.unary_unary(path, ident, ident)(payload, timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value  # type: ignore[attr-defined]
+        assert "not a valid protobuf message" in err.value.details()  # type: ignore[attr-defined]
+    finally:
+        channel.close()
