@@ -45,6 +45,16 @@ def status_for(exc: errors.DomainError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+# Status messages and field descriptions can echo what the caller sent (a 100 kB id); they
+# travel in HTTP/2 trailers, whose size the peer limits (over it, the caller sees a
+# RESOURCE_EXHAUSTED from its own transport instead of our status), so they are capped.
+MAX_MESSAGE_CHARS = 1000
+
+
+def _cap(text: str) -> str:
+    return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS] + f"... ({len(text)} chars)"
+
+
 def to_rpc_status(exc: errors.DomainError) -> tuple[grpc.Status, tuple[tuple[str, str], ...]]:
     code = status_for(exc)
     details: list[any_pb2.Any] = []
@@ -52,7 +62,7 @@ def to_rpc_status(exc: errors.DomainError) -> tuple[grpc.Status, tuple[tuple[str
     if isinstance(exc, errors.InvalidArgument):
         bad = error_details_pb2.BadRequest(
             field_violations=[
-                error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
+                error_details_pb2.BadRequest.FieldViolation(field=_cap(v.field), description=_cap(v.description))
                 for v in exc.violations
             ]
         )
@@ -66,7 +76,7 @@ def to_rpc_status(exc: errors.DomainError) -> tuple[grpc.Status, tuple[tuple[str
         packed.Pack(info)
         details.append(packed)
         trailers = (("retry-after-ms", str(ms)),)
-    status = status_pb2.Status(code=getattr(code_pb2, code.name), message=str(exc), details=details)
+    status = status_pb2.Status(code=getattr(code_pb2, code.name), message=_cap(str(exc)), details=details[:20])
     return rpc_status.to_status(status), trailers
 
 

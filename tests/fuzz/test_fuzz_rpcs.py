@@ -234,6 +234,9 @@ def _call(channel: grpc.Channel, method: MethodDescriptor, payloads: list[bytes]
     except grpc.RpcError as err:
         code: grpc.StatusCode = err.code()  # type: ignore[attr-defined]
         assert code not in FORBIDDEN, f"{path}: {code.name}: {err.details()}"  # type: ignore[attr-defined]
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED:  # ours carry a retry delay; the transport's do not
+            trailers = dict(err.trailing_metadata() or ())  # type: ignore[attr-defined]
+            assert "retry-after-ms" in trailers, f"{path}: RESOURCE_EXHAUSTED without a retry delay: {err.details()}"  # type: ignore[attr-defined]
         return code
 
 
@@ -258,6 +261,20 @@ def test_fuzz_rpc(server: Background, method: MethodDescriptor) -> None:
         channel.close()
         counts = {k[1]: v for k, v in TALLY.items() if k[0] == method.name}
         print(f"\nfuzz {method.name}: {sum(counts.values())} requests {dict(sorted(counts.items()))}")
+
+
+def test_huge_ids_in_errors_do_not_overflow_the_trailers(server: Background) -> None:
+    channel = grpc.insecure_channel(server.live.target)
+    try:
+        from service._gen.retrieval.v1 import retrieval_pb2_grpc
+
+        with pytest.raises(grpc.RpcError) as err:
+            retrieval_pb2_grpc.RetrievalServiceStub(channel).GetAttempt(
+                retrieval_pb2.GetAttemptRequest(attempt_id="a" * 100_000), timeout=10)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND, err.value  # type: ignore[attr-defined]
+        assert len(err.value.details()) < 1200  # type: ignore[attr-defined]
+    finally:
+        channel.close()
 
 
 @pytest.mark.parametrize("name", ["Lookup", "Retrieve", "GetEvidence", "Ingest", "IngestStream"])
