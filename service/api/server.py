@@ -106,12 +106,12 @@ class Server:
         grace_s = self.app.cfg.shutdown_grace_s if grace_s is None else grace_s
         deadline = time.monotonic() + grace_s
         self.admission.draining = True
-        await self._set_health(False)
-        await self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
-        if self._watch is not None:
+        if self._watch is not None:  # first: it must not turn health back to SERVING
             self._watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watch
+        await self._set_health(False)
+        await self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
         idle = asyncio.ensure_future(self.admission.wait_idle(grace_s))
         now = asyncio.ensure_future(self._stop_now.wait())
         await asyncio.wait({idle, now}, return_when=asyncio.FIRST_COMPLETED)
