@@ -30,7 +30,7 @@ import pytest
 from google.protobuf import message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor, MethodDescriptor
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from service._gen.retrieval.v1 import corpus_pb2, ledger_pb2, retrieval_pb2
@@ -233,9 +233,13 @@ def _call(channel: grpc.Channel, method: MethodDescriptor, payloads: list[bytes]
         return grpc.StatusCode.OK
     except grpc.RpcError as err:
         code: grpc.StatusCode = err.code()  # type: ignore[attr-defined]
+        if code in FORBIDDEN:  # say it now: shrinking against a live server can take minutes
+            print(f"\nFORBIDDEN {path}: {code.name}: {err.details()} request={payloads[0][:300]!r}", flush=True)  # type: ignore[attr-defined]
         assert code not in FORBIDDEN, f"{path}: {code.name}: {err.details()}"  # type: ignore[attr-defined]
         if code == grpc.StatusCode.RESOURCE_EXHAUSTED:  # ours carry a retry delay; the transport's do not
             trailers = dict(err.trailing_metadata() or ())  # type: ignore[attr-defined]
+            if "retry-after-ms" not in trailers:
+                print(f"\nNO RETRY DELAY {path}: {err.details()} request={payloads[0][:300]!r}", flush=True)  # type: ignore[attr-defined]
             assert "retry-after-ms" in trailers, f"{path}: RESOURCE_EXHAUSTED without a retry delay: {err.details()}"  # type: ignore[attr-defined]
         return code
 
@@ -246,8 +250,12 @@ def test_fuzz_rpc(server: Background, method: MethodDescriptor) -> None:
     payloads = st.lists(wire(method.input_type), min_size=1, max_size=3) if method.client_streaming \
         else wire(method.input_type).map(lambda b: [b])
 
+    # The large tier reports the first failing request as it is (no shrinking: against a live
+    # server it can take longer than the run).
+    phases = list(Phase) if EXAMPLES <= 100 else [Phase.explicit, Phase.generate]
+
     @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=EXAMPLES <= 100,
-              suppress_health_check=list(HealthCheck))
+              suppress_health_check=list(HealthCheck), phases=phases)
     @given(payloads)
     def fuzz(batch: list[bytes]) -> None:
         code = _call(channel, method, batch)
@@ -273,6 +281,12 @@ def test_huge_ids_in_errors_do_not_overflow_the_trailers(server: Background) -> 
                 retrieval_pb2.GetAttemptRequest(attempt_id="a" * 100_000), timeout=10)
         assert err.value.code() == grpc.StatusCode.NOT_FOUND, err.value  # type: ignore[attr-defined]
         assert len(err.value.details()) < 1200  # type: ignore[attr-defined]
+        # 300 invalid enum values: 300 field violations would overflow the trailers too.
+        many = retrieval_pb2.RetrieveRequest(query="x" * 1500, top_k=3, options=retrieval_pb2.RetrievalOptions(
+            legs=[2**31 - 1 - i for i in range(300)]))
+        with pytest.raises(grpc.RpcError) as err:
+            list(retrieval_pb2_grpc.RetrievalServiceStub(channel).Retrieve(many, timeout=10))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value  # type: ignore[attr-defined]
     finally:
         channel.close()
 
