@@ -47,6 +47,10 @@ if TYPE_CHECKING:  # generic only in the type stubs
 
 
 class RejectUndecodable(grpc.aio.ServerInterceptor):
+    def __init__(self) -> None:
+        # method -> (its handler, the wrapper): servicers' handlers live as long as the server
+        self._wrapped: dict[str, tuple[Handler, Handler]] = {}
+
     async def intercept_service(
         self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]],
         handler_call_details: grpc.HandlerCallDetails,
@@ -54,6 +58,13 @@ class RejectUndecodable(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None or handler.request_deserializer is None:
             return handler
+        cached = self._wrapped.get(handler_call_details.method)
+        if cached is None or cached[0] is not handler:
+            cached = self._wrapped[handler_call_details.method] = (handler, self._wrap(handler))
+        return cached[1]
+
+    def _wrap(self, handler: Handler) -> Handler:
+        assert handler.request_deserializer is not None
         decode = _safe(handler.request_deserializer)
         encode = handler.response_serializer
         if handler.unary_unary is not None:
