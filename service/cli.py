@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -61,8 +62,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         Path(args.config) if args.config else None, listen=args.listen, data_dir=args.data_dir,
         opensearch_url=args.opensearch_url, embedding_model=args.embedding_model,
         reranker_model=args.reranker_model, api_keys_file=args.api_keys, plan_rules_file=args.plan_rules,
+        tls_cert_file=args.tls_cert, tls_key_file=args.tls_key, tls_client_ca_file=args.tls_client_ca,
+        insecure_open=True if args.insecure_open else None,
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from service.api.transport_security import ExposureError, check_exposure
+
+    try:
+        print(check_exposure(cfg, cfg.listen), flush=True)  # before loading models: fail fast
+    except ExposureError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     from service.planning.rules import RulesError
 
     try:
@@ -81,6 +91,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _channel(args: argparse.Namespace) -> Any:
+    """A channel to ``--target``: TLS when --tls-ca (or a client certificate) is given,
+    the same options as the Python client's ``TlsOptions``."""
+    import grpc
+
+    if not (args.tls_ca or args.tls_cert):
+        return grpc.aio.insecure_channel(args.target)
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise SystemExit("error: --tls-cert and --tls-key go together")
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=Path(args.tls_ca).read_bytes() if args.tls_ca else None,
+        private_key=Path(args.tls_key).read_bytes() if args.tls_key else None,
+        certificate_chain=Path(args.tls_cert).read_bytes() if args.tls_cert else None)
+    options = [("grpc.ssl_target_name_override", args.tls_server_name)] if args.tls_server_name else []
+    return grpc.aio.secure_channel(args.target, creds, options=options)
+
+
+def _client_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tls-ca", default="", help="CA (PEM) to verify the server with: connect over TLS")
+    p.add_argument("--tls-cert", default="", help="client certificate (PEM) for mutual TLS")
+    p.add_argument("--tls-key", default="", help="client private key (PEM)")
+    p.add_argument("--tls-server-name", default="", help="name to verify the server certificate against")
+
+
 def _read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
     with path.open(encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, start=1):
@@ -89,6 +123,9 @@ def _read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
+    """Stream a JSONL file through IngestStream: the progress bar counts documents the
+    server acknowledged as committed; when the stream breaks the summary says what committed
+    and what was not acknowledged (re-running the file indexes only what is missing)."""
     import grpc
     from tqdm import tqdm
 
@@ -96,49 +133,82 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from service.ingest.documents import document_from_json
 
     path = Path(args.file)
-    lines = list(_read_jsonl(path))
     collections = {"doc": types_pb2.COLLECTION_DOC, "faq": types_pb2.COLLECTION_FAQ}
     statuses = {"approved": types_pb2.SOURCE_STATUS_APPROVED, "draft": types_pb2.SOURCE_STATUS_DRAFT,
                 "retired": types_pb2.SOURCE_STATUS_RETIRED}
+    docs: list[tuple[int, Any]] = []  # (line number = the document's sequence, Document)
     local_errors = 0
+    for lineno, line in _read_jsonl(path):
+        try:
+            d = document_from_json(json.loads(line))
+        except ValueError as exc:
+            print(f"{path}:{lineno}: skipped: {exc}", file=sys.stderr)
+            local_errors += 1
+            continue
+        docs.append((lineno, corpus_pb2.Document(
+            source_id=d.source_id, version=d.version, title=d.title, text=d.text,
+            collection=collections.get(d.collection, types_pb2.COLLECTION_UNSPECIFIED),
+            status=statuses.get(d.status, types_pb2.SOURCE_STATUS_UNSPECIFIED),
+            acl=list(d.acl), breadcrumb=d.breadcrumb, metadata=d.metadata)))
+    acks: dict[int, Any] = {}
+    sent = 0
+    broken: grpc.aio.AioRpcError | None = None
+    started = time.monotonic()
 
-    async def run() -> corpus_pb2.IngestSummary:
-        nonlocal local_errors
-        async with grpc.aio.insecure_channel(args.target) as channel:
+    async def run() -> None:
+        nonlocal sent, broken
+        window = asyncio.Semaphore(max(1, args.window))  # unacknowledged documents we send ahead
+        async with _channel(args) as channel:
             stub = corpus_pb2_grpc.CorpusServiceStub(channel)
-            bar = tqdm(total=len(lines), unit="doc", desc="ingest", file=sys.stderr)
+            bar = tqdm(total=len(docs), unit="doc", desc="committed", file=sys.stderr)
 
-            async def requests() -> AsyncIterator[corpus_pb2.IngestRequest]:
-                nonlocal local_errors
-                for lineno, line in lines:
-                    try:
-                        d = document_from_json(json.loads(line))
-                    except ValueError as exc:
-                        print(f"{path}:{lineno}: skipped: {exc}", file=sys.stderr)
-                        local_errors += 1
-                        continue
-                    yield corpus_pb2.IngestRequest(document=corpus_pb2.Document(
-                        source_id=d.source_id, version=d.version, title=d.title, text=d.text,
-                        collection=collections.get(d.collection, types_pb2.COLLECTION_UNSPECIFIED),
-                        status=statuses.get(d.status, types_pb2.SOURCE_STATUS_UNSPECIFIED),
-                        acl=list(d.acl), breadcrumb=d.breadcrumb, metadata=d.metadata))
-                    bar.update(1)
+            async def requests() -> AsyncIterator[corpus_pb2.IngestStreamRequest]:
+                nonlocal sent
+                for lineno, doc in docs:
+                    await window.acquire()
+                    sent += 1
+                    yield corpus_pb2.IngestStreamRequest(document=doc, sequence=lineno)
 
             metadata = (("x-api-key", args.api_key),) if args.api_key else None
-            summary: corpus_pb2.IngestSummary = await stub.Ingest(requests(), metadata=metadata)
+            try:
+                async for response in stub.IngestStream(requests(), metadata=metadata):
+                    for ack in response.acks:
+                        acks[ack.sequence] = ack
+                        window.release()
+                    bar.update(len(response.acks))
+            except grpc.aio.AioRpcError as err:
+                broken = err
             bar.close()
-            return summary
 
-    summary = asyncio.run(run())
+    asyncio.run(run())
+    by_status = {name: [a for a in acks.values() if a.status == value] for name, value in (
+        ("indexed", corpus_pb2.DOCUMENT_STATUS_INDEXED), ("unchanged", corpus_pb2.DOCUMENT_STATUS_UNCHANGED),
+        ("invalid", corpus_pb2.DOCUMENT_STATUS_INVALID), ("failed", corpus_pb2.DOCUMENT_STATUS_FAILED))}
+    errors = sorted(by_status["invalid"] + by_status["failed"], key=lambda a: a.sequence)
+    unacked = [(lineno, doc) for lineno, doc in docs if lineno not in acks]
+    elapsed = time.monotonic() - started
+    chunks = sum(a.chunks for a in by_status["indexed"])
     if args.json:
-        print(json.dumps(_json(summary), ensure_ascii=False, indent=2))
+        print(json.dumps({
+            "documents_sent": sent, "documents_acknowledged": len(acks),
+            **{f"documents_{k}": len(v) for k, v in by_status.items()}, "chunks_indexed": chunks,
+            "errors": [_json(a) for a in errors], "not_acknowledged_lines": [n for n, _ in unacked],
+            "stream_error": f"{broken.code().name}: {broken.details()}" if broken else "",
+            "elapsed_ms": elapsed * 1000}, ensure_ascii=False, indent=2))
     else:
-        print(f"received {summary.documents_received}, indexed {summary.documents_indexed}, "
-              f"unchanged {summary.documents_unchanged}, chunks {summary.chunks_indexed}, "
-              f"{summary.chunks_per_second:.1f} chunks/s, {len(summary.errors)} errors")
-        for e in summary.errors:
-            print(f"  #{e.index} {e.source_id}@{e.version}: {e.field} {e.message}")
-    return 1 if summary.errors or local_errors else 0
+        print(f"received {len(acks)}, indexed {len(by_status['indexed'])}, unchanged {len(by_status['unchanged'])}, "
+              f"chunks {chunks}, {chunks / elapsed if elapsed > 0 else 0.0:.1f} chunks/s, {len(errors)} errors")
+        for a in errors:
+            print(f"  line {a.sequence} {a.source_id}@{a.version}: {a.field} {a.message}")
+        if broken is not None:
+            committed = len(by_status["indexed"]) + len(by_status["unchanged"])
+            print(f"stream broke ({broken.code().name}: {broken.details()}): {committed} documents committed; "
+                  f"{len(unacked)} not acknowledged ({sent - len(acks)} sent without an ack, {len(docs) - sent} "
+                  f"never sent), first at line {unacked[0][0] if unacked else '-'}; re-run the same file to "
+                  "index only what is missing")
+    if broken is not None:
+        return 3
+    return 1 if errors or local_errors else 0
 
 
 def _request(args: argparse.Namespace) -> Any:
@@ -181,7 +251,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from service._gen.retrieval.v1 import plan_pb2, retrieval_pb2_grpc
 
     async def run() -> int:
-        async with grpc.aio.insecure_channel(args.target) as channel:
+        async with _channel(args) as channel:
             stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)
             metadata = (("x-api-key", args.api_key),) if args.api_key else None
             req = plan_pb2.BuildPlanRequest(query=args.query, history=args.history or [], intent=_intent(args))
@@ -228,7 +298,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     from service._gen.retrieval.v1 import retrieval_pb2_grpc
 
     async def run() -> int:
-        async with grpc.aio.insecure_channel(args.target) as channel:
+        async with _channel(args) as channel:
             stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)
             metadata = (("x-api-key", args.api_key),) if args.api_key else None
             try:
@@ -309,6 +379,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--config", default=None, help="TOML config file")
     s.add_argument("--plan-rules", default=None, help="TOML plan rules merged over the shipped ones")
     s.add_argument("--demo", action="store_true", help="ingest the demo corpus once serving")
+    s.add_argument("--tls-cert", default=None, help="server certificate (PEM): serve TLS")
+    s.add_argument("--tls-key", default=None, help="server private key (PEM)")
+    s.add_argument("--tls-client-ca", default=None, help="CA (PEM) client certificates must chain to (mutual TLS)")
+    s.add_argument("--insecure-open", action="store_true",
+                   help="allow a non-loopback address without auth (refused otherwise)")
     s.set_defaults(fn=cmd_serve)
 
     i = sub.add_parser("ingest", help="stream a JSONL file of documents into the server")
@@ -316,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("--target", default="127.0.0.1:50051")
     i.add_argument("--api-key", default="")
     i.add_argument("--json", action="store_true")
+    i.add_argument("--window", type=int, default=64, help="documents sent ahead of their acknowledgement")
+    _client_arguments(i)
     i.set_defaults(fn=cmd_ingest)
 
     q = sub.add_parser("query", help="run one attempt and print its event stream")
@@ -330,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--timeout", type=float, default=10.0)
     q.add_argument("--api-key", default="")
     q.add_argument("--json", action="store_true", help="one JSON object per event")
+    _client_arguments(q)
     q.add_argument("--lookup", action="store_true", help="call Lookup (agent projection) instead")
     _plan_arguments(q)
     q.add_argument("--plan", action="store_true", help="execute a retrieval plan built by the server from intent")
@@ -341,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     pl.add_argument("--target", default="127.0.0.1:50051")
     pl.add_argument("--timeout", type=float, default=10.0)
     pl.add_argument("--api-key", default="")
+    _client_arguments(pl)
     _plan_arguments(pl)
     pl.set_defaults(fn=cmd_plan)
 

@@ -100,10 +100,29 @@ class Config:
     # Auth: a TOML file of API keys -> principal and groups. Empty: auth off, every
     # caller is "anonymous" and sees public documents only.
     api_keys_file: str = ""
+    # TLS (service/api/transport_security.py): certificate + key serve TLS; a client CA
+    # makes it mutual, and a client certificate's subject can name the principal.
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_client_ca_file: str = ""
+    # Serve a non-loopback address without auth anyway (refused otherwise).
+    insecure_open: bool = False
+    # Limits for anonymous callers (auth off); 0 = unlimited. Principals with keys take
+    # theirs from the keys file (service/api/quotas.py).
+    anonymous_requests_per_second: float = 0.0
+    anonymous_burst: float = 0.0
+    anonymous_max_concurrent: int = 0
+    anonymous_max_searches_per_run: int = 0
+    # Graceful stop: on SIGTERM, in-flight attempts and ingest streams get this long to
+    # finish (a second SIGTERM stops at once).
+    shutdown_grace_s: float = 10.0
     # Ingest.
     chunk_chars: int = 500
     parent_chars: int = 2000
     embed_batch: int = 16
+    # IngestStream: unacknowledged documents a stream may have before the server stops
+    # reading it (flow control).
+    ingest_max_in_flight: int = 64
 
     @property
     def engine_kind(self) -> str:

@@ -45,17 +45,34 @@ def status_for(exc: errors.DomainError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+# Status messages and field violations can echo what the caller sent (a 100 kB id, 300 bad
+# enum values); they travel in HTTP/2 trailers, whose size the peer limits (8 KiB by default:
+# over it the caller sees a RESOURCE_EXHAUSTED from its own transport instead of our status),
+# so they are capped to stay well inside it.
+MAX_MESSAGE_CHARS = 500
+MAX_VIOLATIONS = 10
+MAX_VIOLATION_CHARS = 200
+
+
+def _cap(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
+
+
 def to_rpc_status(exc: errors.DomainError) -> tuple[grpc.Status, tuple[tuple[str, str], ...]]:
     code = status_for(exc)
     details: list[any_pb2.Any] = []
     trailers: tuple[tuple[str, str], ...] = ()
     if isinstance(exc, errors.InvalidArgument):
+        shown = exc.violations[:MAX_VIOLATIONS]
         bad = error_details_pb2.BadRequest(
             field_violations=[
-                error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
-                for v in exc.violations
+                error_details_pb2.BadRequest.FieldViolation(field=_cap(v.field, MAX_VIOLATION_CHARS),
+                                                            description=_cap(v.description, MAX_VIOLATION_CHARS))
+                for v in shown
             ]
         )
+        if len(exc.violations) > len(shown):
+            bad.field_violations.add(field="request", description=f"... and {len(exc.violations) - len(shown)} more")
         packed = any_pb2.Any()
         packed.Pack(bad)
         details.append(packed)
@@ -66,7 +83,7 @@ def to_rpc_status(exc: errors.DomainError) -> tuple[grpc.Status, tuple[tuple[str
         packed.Pack(info)
         details.append(packed)
         trailers = (("retry-after-ms", str(ms)),)
-    status = status_pb2.Status(code=getattr(code_pb2, code.name), message=str(exc), details=details)
+    status = status_pb2.Status(code=getattr(code_pb2, code.name), message=_cap(str(exc)), details=details)
     return rpc_status.to_status(status), trailers
 
 

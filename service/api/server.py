@@ -1,5 +1,12 @@
 """The grpc.aio server: servicers, health (SERVING only once models and engine are
-ready), reflection, and graceful shutdown (drain in-flight calls on SIGTERM/SIGINT)."""
+ready), reflection, and graceful shutdown.
+
+Graceful stop (SIGTERM or SIGINT): health turns NOT_SERVING at once and new attempts and
+ingest streams are refused with UNAVAILABLE while the server still answers (so probes and
+callers see why); in-flight attempts and ingest streams get ``shutdown_grace_s`` to finish;
+then the gRPC server stops (cancelling whatever is left), the ledger writer is flushed and
+the engine, models and ledger are closed. A second signal cuts the wait short: in-flight
+calls are cancelled at once and the process exits after closing the app."""
 
 from __future__ import annotations
 
@@ -7,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
 from collections.abc import Awaitable, Callable
 
 import grpc
@@ -16,7 +24,11 @@ from grpc_reflection.v1alpha import reflection
 from service._gen.retrieval.v1 import corpus_pb2, corpus_pb2_grpc, ledger_pb2, ledger_pb2_grpc, retrieval_pb2, retrieval_pb2_grpc
 from service.api.auth import Authenticator
 from service.api.ledger_servicer import LedgerServicer
-from service.api.servicers import Admission, CorpusServicer, RetrievalServicer
+from service.api.admission import Admission
+from service.api.quotas import Limits
+from service.api.servicers import CorpusServicer, RetrievalServicer
+from service.api.undecodable import RejectUndecodable
+from service.api.transport_security import check_exposure, server_credentials
 from service.app import App
 
 log = logging.getLogger(__name__)
@@ -30,16 +42,18 @@ SERVICE_NAMES = (
 # so an OpenSearch outage (readiness) never makes an orchestrator restart healthy pods.
 LIVENESS_SERVICE = "liveness"
 _HEALTH_POLL_S = 1.0
-_GRACE_S = 5.0
 
 
 class Server:
     def __init__(self, app: App) -> None:
         self.app = app
-        self.auth = Authenticator.from_file(app.cfg.api_keys_file)
-        self.admission = Admission(app)
+        cfg = app.cfg
+        self.auth = Authenticator.from_file(cfg.api_keys_file, Limits(
+            cfg.anonymous_requests_per_second, cfg.anonymous_burst, cfg.anonymous_max_concurrent,
+            cfg.anonymous_max_searches_per_run), client_certs=bool(cfg.tls_client_ca_file))
+        self.admission = Admission(app, self.auth.quotas)
         self.health = health.aio.HealthServicer()
-        self.grpc = grpc.aio.server(options=[
+        self.grpc = grpc.aio.server(interceptors=[RejectUndecodable()], options=[
             ("grpc.max_receive_message_length", 64 * 1024 * 1024),
             ("grpc.so_reuseport", 0),
         ])
@@ -54,6 +68,7 @@ class Server:
              reflection.SERVICE_NAME), self.grpc)
         self.port = 0
         self._watch: asyncio.Task[None] | None = None
+        self._stop_now = asyncio.Event()
 
     async def _set_health(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -71,8 +86,14 @@ class Server:
             await asyncio.sleep(_HEALTH_POLL_S)
 
     async def start(self, listen: str) -> int:
-        """Bind first (health answers NOT_SERVING while models load), then start the app."""
-        self.port = self.grpc.add_insecure_port(listen)
+        """Bind first (health answers NOT_SERVING while models load), then start the app.
+        Raises ExposureError before binding a non-loopback address without auth."""
+        log.info("%s", check_exposure(self.app.cfg, listen))
+        credentials = server_credentials(self.app.cfg)
+        if credentials is None:
+            self.port = self.grpc.add_insecure_port(listen)
+        else:
+            self.port = self.grpc.add_secure_port(listen, credentials)
         await self._set_health(False)
         await self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         await self.grpc.start()
@@ -80,16 +101,34 @@ class Server:
         self._watch = asyncio.get_running_loop().create_task(self._watch_engine())
         return self.port
 
-    async def stop(self, grace_s: float = _GRACE_S) -> None:
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Drain, then close (see the module doc); ``stop_now`` cuts the drain short."""
+        grace_s = self.app.cfg.shutdown_grace_s if grace_s is None else grace_s
+        deadline = time.monotonic() + grace_s
         self.admission.draining = True
-        await self._set_health(False)
-        await self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
-        if self._watch is not None:
+        if self._watch is not None:  # first: it must not turn health back to SERVING
             self._watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watch
-        await self.grpc.stop(grace_s)
+        await self._set_health(False)
+        await self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
+        idle = asyncio.ensure_future(self.admission.wait_idle(grace_s))
+        now = asyncio.ensure_future(self._stop_now.wait())
+        await asyncio.wait({idle, now}, return_when=asyncio.FIRST_COMPLETED)
+        idle.cancel()
+        now.cancel()
+        left = 0.0 if self._stop_now.is_set() else max(0.0, deadline - time.monotonic())
+        if self.admission.inflight or self.admission.streams:
+            log.warning("stopping with %d attempts and %d ingest streams still in flight: cancelled",
+                        self.admission.inflight, self.admission.streams)
+        await self.grpc.stop(left)  # other in-flight calls (ledger RPCs, ...) get what is left
         await self.app.close()
+        log.info("stopped: ledger writer flushed (%d records written, %d dropped), engine closed",
+                 self.app.writer.written, self.app.writer.dropped)
+
+    def stop_now(self) -> None:
+        """A second signal: cancel in-flight calls instead of waiting for them."""
+        self._stop_now.set()
 
 
 async def serve(
@@ -102,9 +141,17 @@ async def serve(
     if on_ready is not None:
         await on_ready(f"{host}:{port}")
     stop = asyncio.Event()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            log.warning("second stop signal: cancelling in-flight calls now")
+            server.stop_now()
+        stop.set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     await stop.wait()
-    log.info("shutting down: draining in-flight calls for up to %.0fs", _GRACE_S)
+    log.info("shutting down: NOT_SERVING; in-flight attempts and ingest streams get up to %.1fs "
+             "(a second SIGTERM stops at once)", app.cfg.shutdown_grace_s)
     await server.stop()

@@ -4,6 +4,7 @@ and map domain errors through the one status table."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -14,11 +15,13 @@ import grpc
 from service._gen.retrieval.v1 import corpus_pb2, corpus_pb2_grpc, retrieval_pb2, retrieval_pb2_grpc
 from service._gen.retrieval.v1 import plan_pb2
 from service.api import convert, plan_convert
+from service.api.admission import Admission
 from service.api.auth import Authenticator
 from service.api.errors import LOOKUP_OUTCOME_ERRORS, abort_with
+from service.api.ingest_stream import ingest_stream
 from service.app import App
 from service.engines.base import EngineError
-from service.errors import BackendFailure, DomainError, InvalidArgument, NotFound, Overloaded, ShuttingDown
+from service.errors import BackendFailure, DomainError, InvalidArgument, NotFound
 from service.ingest.ingestor import IngestOutcome
 from service.pipeline.attempt import AttemptResultOut, EvidenceEvent, EvidenceOut, LegEvent, ResultEvent
 from service.pipeline.plan_execution import resolve_plan
@@ -27,23 +30,6 @@ from service.planning.planner import IntentInput, build_plan
 
 log = logging.getLogger(__name__)
 Context = grpc.aio.ServicerContext[Any, Any]
-
-
-class Admission:
-    """Explicit overload check before any work: attempts in flight and model queue depth."""
-
-    def __init__(self, app: App) -> None:
-        self.app = app
-        self.inflight = 0
-        self.draining = False
-
-    def admit(self) -> None:
-        if self.draining:
-            raise ShuttingDown("server is shutting down")
-        if self.inflight >= self.app.cfg.max_inflight_attempts:
-            raise Overloaded(f"{self.inflight} attempts in flight (limit {self.app.cfg.max_inflight_attempts})", 0.25)
-        if self.app.runtime.overloaded():
-            raise Overloaded("model queues are nearly full", 0.25)
 
 
 def _deadline(context: Context, default_s: float) -> float:
@@ -75,7 +61,11 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         validate(req, self.app.cfg, self.app.runtime.reranker is not None, conversion_errors,
                  self.app.runner.rerank_unavailable)
         req = resolve_plan(req, self.app.plan_rules, self.app.cfg)
-        self.admission.admit()
+        self.admission.admit(principal)
+        searches = self.auth.quotas.search_ceiling(principal.name, req.budget_max_searches,
+                                                   self.app.cfg.default_max_searches)
+        if searches != req.budget_max_searches:  # the principal's ceiling on a run's budget
+            req = dataclasses.replace(req, budget_max_searches=searches)
         return req, principal
 
     async def Retrieve(  # noqa: N802 (gRPC method name)
@@ -86,8 +76,7 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         except DomainError as exc:
             await abort_with(context, exc)
             return
-        self.admission.inflight += 1
-        try:
+        with self.admission.attempt(principal):
             async for event in self.app.runner.run(req, principal, _deadline(context, self.app.cfg.default_deadline_s)):
                 if isinstance(event, LegEvent):
                     yield retrieval_pb2.RetrieveEvent(leg=convert.leg_to_pb(event.report))
@@ -96,8 +85,6 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
                 else:
                     context.set_trailing_metadata(_trailers(event.result))
                     yield retrieval_pb2.RetrieveEvent(result=convert.result_to_pb(event.result))
-        finally:
-            self.admission.inflight -= 1
 
     async def Lookup(  # noqa: N802
         self, request: retrieval_pb2.RetrieveRequest, context: Context
@@ -107,17 +94,14 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         except DomainError as exc:
             await abort_with(context, exc)
             raise AssertionError("unreachable")  # abort raises
-        self.admission.inflight += 1
         evidence: list[EvidenceOut] = []
         result: AttemptResultOut | None = None
-        try:
+        with self.admission.attempt(principal):
             async for event in self.app.runner.run(req, principal, _deadline(context, self.app.cfg.default_deadline_s)):
                 if isinstance(event, EvidenceEvent):
                     evidence.append(event.evidence)
                 elif isinstance(event, ResultEvent):
                     result = event.result
-        finally:
-            self.admission.inflight -= 1
         assert result is not None
         trailers = _trailers(result)
         error = LOOKUP_OUTCOME_ERRORS.get(result.outcome)
@@ -131,11 +115,12 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         self, request: retrieval_pb2.GetAttemptRequest, context: Context
     ) -> retrieval_pb2.GetAttemptResponse:
         try:
-            self.auth.authenticate(context)
+            principal = self.auth.authenticate(context)
             if not request.attempt_id:
                 raise InvalidArgument.one("attempt_id", "must not be empty")
             record = await self.app.ledger_ops.get_attempt(request.attempt_id)
-            if record is None:
+            # Another principal's attempt (its query, the evidence it saw) answers like an unknown id.
+            if record is None or not (principal.unrestricted or record.principal == principal.name):
                 raise NotFound(f"no attempt {request.attempt_id!r}")
         except DomainError as exc:
             await abort_with(context, exc)
@@ -184,12 +169,30 @@ class CorpusServicer(corpus_pb2_grpc.CorpusServiceServicer):
         self, request_iterator: AsyncIterator[corpus_pb2.IngestRequest], context: Context
     ) -> corpus_pb2.IngestSummary:
         try:
-            self.auth.authenticate(context)
-            if self.admission.draining:
-                raise ShuttingDown("server is shutting down")
+            principal = self.auth.authenticate(context)
+            self.admission.admit_stream(principal)
         except DomainError as exc:
             await abort_with(context, exc)
             raise AssertionError("unreachable")
+        with self.admission.stream(principal):
+            return await self._ingest(request_iterator, context)
+
+    async def IngestStream(  # noqa: N802
+        self, request_iterator: AsyncIterator[corpus_pb2.IngestStreamRequest], context: Context
+    ) -> AsyncIterator[corpus_pb2.IngestStreamResponse]:
+        try:
+            principal = self.auth.authenticate(context)
+            self.admission.admit_stream(principal)
+        except DomainError as exc:
+            await abort_with(context, exc)
+            return
+        with self.admission.stream(principal):
+            async for response in ingest_stream(self.app, request_iterator):
+                yield response
+
+    async def _ingest(
+        self, request_iterator: AsyncIterator[corpus_pb2.IngestRequest], context: Context
+    ) -> corpus_pb2.IngestSummary:
         started = time.monotonic()
         gate = asyncio.Semaphore(self.CONCURRENCY)
         tasks: list[asyncio.Task[IngestOutcome]] = []
@@ -263,12 +266,20 @@ class CorpusServicer(corpus_pb2_grpc.CorpusServiceServicer):
             try:
                 found = await self.app.engine.get_chunks([request.evidence_id])
                 versions = await self.app.engine.versions(source)
+                # Only versions this caller may see: a hidden source answers like an unknown one.
+                heads = await self.app.engine.get_chunks([f"{source}#0@{v}" for v in versions])
             except EngineError as exc:
                 raise BackendFailure(f"engine {self.app.engine.name}: {exc}")
         except DomainError as exc:
             await abort_with(context, exc)
             raise AssertionError("unreachable")
-        visible = [c for c in found if principal.unrestricted or not c.acl or set(c.acl) & set(principal.groups)]
+
+        def may_see(c: Any) -> bool:
+            return principal.unrestricted or not c.acl or bool(set(c.acl) & set(principal.groups))
+
+        visible = [c for c in found if may_see(c)]
+        seen_versions = {c.version for c in heads if may_see(c)}
+        versions = [v for v in versions if v in seen_versions]
         if visible:
             chunk = visible[0]
             return corpus_pb2.GetEvidenceResponse(

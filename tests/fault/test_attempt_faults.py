@@ -19,6 +19,7 @@ import pytest
 from service._gen.retrieval.v1 import retrieval_pb2, types_pb2
 from service.offline.builder.tiny_cross_encoder import build_tiny_cross_encoder
 from service.models.onnx_cross_encoder import load_cross_encoder
+from tests.support.timing import assert_within
 from tests.support.harness import E5_INT8, StartServer, evidence_of, legs_of, result_of
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow]
@@ -56,7 +57,9 @@ async def test_stalled_legs_give_timeout_within_the_callers_deadline(start_serve
     assert result.evidence_status == types_pb2.EVIDENCE_STATUS_NO_EVIDENCE
     legs = legs_of(result)
     assert legs["LEG_KIND_BM25"] == legs["LEG_KIND_KNN"] == "LEG_STATUS_TIMEOUT"
-    assert elapsed < 1.0, "the attempt must answer inside the caller's deadline"
+    # The TIMEOUT result itself shows the server answered before the caller's 1.0 s deadline
+    # (after it the client sees DEADLINE_EXCEEDED); the client-side clock gets the load margin.
+    assert_within(elapsed, 1.0, "the attempt answered")
 
 
 async def test_no_lexical_hits_and_a_knn_timeout_is_timeout_never_empty(start_server: StartServer) -> None:

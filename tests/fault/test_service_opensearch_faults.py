@@ -39,6 +39,7 @@ from tests.support.service_live import (
     stop_live,
     wait_health,
 )
+from tests.support.timing import assert_within
 from tests.support.tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.fault, pytest.mark.integration, pytest.mark.slow]
@@ -82,7 +83,7 @@ def assert_timeout_before_deadline(result: retrieval_pb2.AttemptResult, elapsed:
     assert result.evidence_status == types_pb2.EVIDENCE_STATUS_NO_EVIDENCE
     assert legs_of(result)["LEG_KIND_BM25"] == legs_of(result)["LEG_KIND_KNN"] == "LEG_STATUS_TIMEOUT"
     assert result.engine == "opensearch"
-    assert elapsed < DEADLINE, f"answered after the caller's deadline: {elapsed:.3f}s"
+    assert_within(elapsed, DEADLINE, "the TIMEOUT result")  # a result at all: before the deadline
 
 
 def assert_found(result: retrieval_pb2.AttemptResult, sources: list[str]) -> None:
@@ -142,7 +143,8 @@ async def test_stopped_node_is_backend_error_then_recovers_without_restart(proxi
     assert result.outcome == BACKEND_ERROR, (name(result.outcome), legs_of(result))
     assert legs_of(result)["LEG_KIND_BM25"] == legs_of(result)["LEG_KIND_KNN"] == "LEG_STATUS_ERROR"
     assert all("unavailable" in leg.detail for leg in result.legs if leg.kind != types_pb2.LEG_KIND_RERANK)
-    assert sources == [] and elapsed < DEADLINE
+    assert sources == []
+    assert_within(elapsed, DEADLINE)
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await proxied.retrieval.Lookup(retrieval_pb2.RetrieveRequest(query=QUERY, top_k=3), timeout=DEADLINE)
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "BACKEND_ERROR" in (err.value.details() or "")
@@ -172,7 +174,8 @@ async def test_service_starts_while_the_node_is_down_and_serves_once_it_is_back(
         for query in (QUERY, "qzxjv wkpfy"):  # nothing would match the second one: still not EMPTY
             result, sources, elapsed = await timed_retrieve(live, query)
             assert result.outcome == expected, (name(result.outcome), legs_of(result))
-            assert result.outcome != EMPTY and sources == [] and elapsed < DEADLINE
+            assert result.outcome != EMPTY and sources == []
+            assert_within(elapsed, DEADLINE)
         await proxy.resume()
         resumed = time.monotonic()
         serving_s = await wait_health(live.channel, SERVING, HEALTH_WAIT_S)

@@ -26,9 +26,11 @@ from retrieval_client.ledger import (
     RunAttempt,
     SyncLedgerClient,
 )
+from retrieval_client.tls import TlsOptions
 from retrieval_client.types import Attempt, Evidence, Leg, Outcome, lookup_to_json
 
 __all__ = [
+    "TlsOptions",
     "Attempt", "BackendTimeoutError", "BudgetExhaustedError", "CancelledError", "Evidence",
     "FieldViolation", "InvalidArgumentError", "Leg", "NotFoundError", "Outcome", "OverloadedError",
     "PermissionDeniedError", "RetrievalClient", "RetrievalError", "SyncRetrievalClient",

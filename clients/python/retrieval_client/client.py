@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 
+from retrieval_client.tls import TlsOptions, aio_channel, sync_channel
 from retrieval_client._gen.retrieval.v1 import corpus_pb2, corpus_pb2_grpc, retrieval_pb2, retrieval_pb2_grpc, types_pb2
 from retrieval_client.errors import from_rpc_error
 from retrieval_client.types import Attempt, Evidence, document_to_pb, lookup_to_json
@@ -60,8 +61,8 @@ class RetrievalClient:
     """Asynchronous client (grpc.aio). One channel per client; reuse it."""
 
     def __init__(self, target: str, *, api_key: str = "", timeout: float = 10.0,
-                 channel: grpc.aio.Channel | None = None) -> None:
-        self._channel = channel or grpc.aio.insecure_channel(target)
+                 channel: grpc.aio.Channel | None = None, tls: TlsOptions | None = None) -> None:
+        self._channel = channel or aio_channel(target, tls)
         self._owns_channel = channel is None
         self._metadata: Metadata = (("x-api-key", api_key),) if api_key else ()
         self.timeout = timeout
@@ -136,8 +137,9 @@ class RetrievalClient:
 class SyncRetrievalClient:
     """Blocking client for scripts and non-async services."""
 
-    def __init__(self, target: str, *, api_key: str = "", timeout: float = 10.0) -> None:
-        self._channel = grpc.insecure_channel(target)
+    def __init__(self, target: str, *, api_key: str = "", timeout: float = 10.0,
+                 tls: TlsOptions | None = None) -> None:
+        self._channel = sync_channel(target, tls)
         self._metadata: Metadata = (("x-api-key", api_key),) if api_key else ()
         self.timeout = timeout
         self._retrieval = retrieval_pb2_grpc.RetrievalServiceStub(self._channel)

@@ -19,6 +19,7 @@ from typing import Any
 
 import grpc
 
+from retrieval_client.tls import TlsOptions, aio_channel, sync_channel
 from retrieval_client._gen.retrieval.v1 import corpus_pb2, ledger_pb2, ledger_pb2_grpc, types_pb2
 from retrieval_client.errors import from_rpc_error
 from retrieval_client.types import Evidence, Leg, Outcome
@@ -211,8 +212,8 @@ class LedgerClient:
     RetrievalClient."""
 
     def __init__(self, target: str, *, api_key: str = "", timeout: float = 10.0,
-                 channel: grpc.aio.Channel | None = None) -> None:
-        self._channel = channel or grpc.aio.insecure_channel(target)
+                 channel: grpc.aio.Channel | None = None, tls: TlsOptions | None = None) -> None:
+        self._channel = channel or aio_channel(target, tls)
         self._owns_channel = channel is None
         self._metadata: Metadata = (("x-api-key", api_key),) if api_key else ()
         self.timeout = timeout
@@ -273,8 +274,9 @@ class LedgerClient:
 class SyncLedgerClient:
     """Blocking LedgerService client."""
 
-    def __init__(self, target: str, *, api_key: str = "", timeout: float = 10.0) -> None:
-        self._channel = grpc.insecure_channel(target)
+    def __init__(self, target: str, *, api_key: str = "", timeout: float = 10.0,
+                 tls: TlsOptions | None = None) -> None:
+        self._channel = sync_channel(target, tls)
         self._metadata: Metadata = (("x-api-key", api_key),) if api_key else ()
         self.timeout = timeout
         self._stub = ledger_pb2_grpc.LedgerServiceStub(self._channel)

@@ -29,7 +29,7 @@ import yaml
 from service.api.server import LIVENESS_SERVICE
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from service.api.server import _GRACE_S
+from service.config import Config
 from service.config import Config, load_config
 
 REPO = Path(__file__).resolve().parents[3]
@@ -172,6 +172,9 @@ def test_probes_are_grpc_health_checks_on_the_serving_port() -> None:
         assert c[probe]["grpc"].get("service", "") == "", probe  # "" = models + engine ready
     # Liveness must not follow OpenSearch: the server's always-on health name.
     assert c["livenessProbe"]["grpc"]["service"] == LIVENESS_SERVICE
+
+
+_GRACE_S = Config().shutdown_grace_s
 
 
 def test_pods_outlive_the_drain() -> None:

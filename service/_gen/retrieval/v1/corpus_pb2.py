@@ -26,7 +26,7 @@ from service._gen.retrieval.v1 import retrieval_pb2 as retrieval_dot_v1_dot_retr
 from service._gen.retrieval.v1 import types_pb2 as retrieval_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19retrieval/v1/corpus.proto\x12\x0cretrieval.v1\x1a\x1cretrieval/v1/retrieval.proto\x1a\x18retrieval/v1/types.proto\"9\n\rIngestRequest\x12(\n\x08\x64ocument\x18\x01 \x01(\x0b\x32\x16.retrieval.v1.Document\"\xaf\x02\n\x08\x44ocument\x12\x11\n\tsource_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12\x0c\n\x04text\x18\x04 \x01(\t\x12,\n\ncollection\x18\x05 \x01(\x0e\x32\x18.retrieval.v1.Collection\x12*\n\x06status\x18\x06 \x01(\x0e\x32\x1a.retrieval.v1.SourceStatus\x12\x0b\n\x03\x61\x63l\x18\x07 \x03(\t\x12\x12\n\nbreadcrumb\x18\x08 \x01(\t\x12\x36\n\x08metadata\x18\t \x03(\x0b\x32$.retrieval.v1.Document.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd7\x01\n\rIngestSummary\x12\x1a\n\x12\x64ocuments_received\x18\x01 \x01(\r\x12\x19\n\x11\x64ocuments_indexed\x18\x02 \x01(\r\x12\x1b\n\x13\x64ocuments_unchanged\x18\x03 \x01(\r\x12\x16\n\x0e\x63hunks_indexed\x18\x04 \x01(\r\x12+\n\x06\x65rrors\x18\x05 \x03(\x0b\x32\x1b.retrieval.v1.DocumentError\x12\x12\n\nelapsed_ms\x18\x06 \x01(\x01\x12\x19\n\x11\x63hunks_per_second\x18\x07 \x01(\x01\"b\n\rDocumentError\x12\r\n\x05index\x18\x01 \x01(\r\x12\x11\n\tsource_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\r\n\x05\x66ield\x18\x04 \x01(\t\x12\x0f\n\x07message\x18\x05 \x01(\t\";\n\x15\x44\x65leteDocumentRequest\x12\x11\n\tsource_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"0\n\x16\x44\x65leteDocumentResponse\x12\x16\n\x0e\x63hunks_deleted\x18\x01 \x01(\r\")\n\x12GetEvidenceRequest\x12\x13\n\x0b\x65vidence_id\x18\x01 \x01(\t\"\xb5\x01\n\x13GetEvidenceResponse\x12(\n\x08\x66idelity\x18\x01 \x01(\x0e\x32\x16.retrieval.v1.Fidelity\x12,\n\x08\x65vidence\x18\x02 \x01(\x0b\x32\x1a.retrieval.v1.EvidenceItem\x12*\n\x06status\x18\x03 \x01(\x0e\x32\x1a.retrieval.v1.SourceStatus\x12\x1a\n\x12\x61vailable_versions\x18\x04 \x03(\t*O\n\x08\x46idelity\x12\x18\n\x14\x46IDELITY_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x46IDELITY_EXACT\x10\x01\x12\x15\n\x11\x46IDELITY_DEGRADED\x10\x02\x32\x86\x02\n\rCorpusService\x12\x44\n\x06Ingest\x12\x1b.retrieval.v1.IngestRequest\x1a\x1b.retrieval.v1.IngestSummary(\x01\x12[\n\x0e\x44\x65leteDocument\x12#.retrieval.v1.DeleteDocumentRequest\x1a$.retrieval.v1.DeleteDocumentResponse\x12R\n\x0bGetEvidence\x12 .retrieval.v1.GetEvidenceRequest\x1a!.retrieval.v1.GetEvidenceResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19retrieval/v1/corpus.proto\x12\x0cretrieval.v1\x1a\x1cretrieval/v1/retrieval.proto\x1a\x18retrieval/v1/types.proto\"9\n\rIngestRequest\x12(\n\x08\x64ocument\x18\x01 \x01(\x0b\x32\x16.retrieval.v1.Document\"Q\n\x13IngestStreamRequest\x12(\n\x08\x64ocument\x18\x01 \x01(\x0b\x32\x16.retrieval.v1.Document\x12\x10\n\x08sequence\x18\x02 \x01(\x04\"r\n\x14IngestStreamResponse\x12\'\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x19.retrieval.v1.DocumentAck\x12\x1a\n\x12\x61\x63knowledged_total\x18\x02 \x01(\x04\x12\x15\n\rmax_in_flight\x18\x03 \x01(\r\"\xa1\x01\n\x0b\x44ocumentAck\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x11\n\tsource_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12,\n\x06status\x18\x04 \x01(\x0e\x32\x1c.retrieval.v1.DocumentStatus\x12\x0e\n\x06\x63hunks\x18\x05 \x01(\r\x12\r\n\x05\x66ield\x18\x06 \x01(\t\x12\x0f\n\x07message\x18\x07 \x01(\t\"\xaf\x02\n\x08\x44ocument\x12\x11\n\tsource_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12\x0c\n\x04text\x18\x04 \x01(\t\x12,\n\ncollection\x18\x05 \x01(\x0e\x32\x18.retrieval.v1.Collection\x12*\n\x06status\x18\x06 \x01(\x0e\x32\x1a.retrieval.v1.SourceStatus\x12\x0b\n\x03\x61\x63l\x18\x07 \x03(\t\x12\x12\n\nbreadcrumb\x18\x08 \x01(\t\x12\x36\n\x08metadata\x18\t \x03(\x0b\x32$.retrieval.v1.Document.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd7\x01\n\rIngestSummary\x12\x1a\n\x12\x64ocuments_received\x18\x01 \x01(\r\x12\x19\n\x11\x64ocuments_indexed\x18\x02 \x01(\r\x12\x1b\n\x13\x64ocuments_unchanged\x18\x03 \x01(\r\x12\x16\n\x0e\x63hunks_indexed\x18\x04 \x01(\r\x12+\n\x06\x65rrors\x18\x05 \x03(\x0b\x32\x1b.retrieval.v1.DocumentError\x12\x12\n\nelapsed_ms\x18\x06 \x01(\x01\x12\x19\n\x11\x63hunks_per_second\x18\x07 \x01(\x01\"b\n\rDocumentError\x12\r\n\x05index\x18\x01 \x01(\r\x12\x11\n\tsource_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\r\n\x05\x66ield\x18\x04 \x01(\t\x12\x0f\n\x07message\x18\x05 \x01(\t\";\n\x15\x44\x65leteDocumentRequest\x12\x11\n\tsource_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"0\n\x16\x44\x65leteDocumentResponse\x12\x16\n\x0e\x63hunks_deleted\x18\x01 \x01(\r\")\n\x12GetEvidenceRequest\x12\x13\n\x0b\x65vidence_id\x18\x01 \x01(\t\"\xb5\x01\n\x13GetEvidenceResponse\x12(\n\x08\x66idelity\x18\x01 \x01(\x0e\x32\x16.retrieval.v1.Fidelity\x12,\n\x08\x65vidence\x18\x02 \x01(\x0b\x32\x1a.retrieval.v1.EvidenceItem\x12*\n\x06status\x18\x03 \x01(\x0e\x32\x1a.retrieval.v1.SourceStatus\x12\x1a\n\x12\x61vailable_versions\x18\x04 \x03(\t*\xa6\x01\n\x0e\x44ocumentStatus\x12\x1f\n\x1b\x44OCUMENT_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x44OCUMENT_STATUS_INDEXED\x10\x01\x12\x1d\n\x19\x44OCUMENT_STATUS_UNCHANGED\x10\x02\x12\x1b\n\x17\x44OCUMENT_STATUS_INVALID\x10\x03\x12\x1a\n\x16\x44OCUMENT_STATUS_FAILED\x10\x04*O\n\x08\x46idelity\x12\x18\n\x14\x46IDELITY_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x46IDELITY_EXACT\x10\x01\x12\x15\n\x11\x46IDELITY_DEGRADED\x10\x02\x32\xe1\x02\n\rCorpusService\x12\x44\n\x06Ingest\x12\x1b.retrieval.v1.IngestRequest\x1a\x1b.retrieval.v1.IngestSummary(\x01\x12Y\n\x0cIngestStream\x12!.retrieval.v1.IngestStreamRequest\x1a\".retrieval.v1.IngestStreamResponse(\x01\x30\x01\x12[\n\x0e\x44\x65leteDocument\x12#.retrieval.v1.DeleteDocumentRequest\x1a$.retrieval.v1.DeleteDocumentResponse\x12R\n\x0bGetEvidence\x12 .retrieval.v1.GetEvidenceRequest\x1a!.retrieval.v1.GetEvidenceResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,26 +35,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_DOCUMENT_METADATAENTRY']._loaded_options = None
   _globals['_DOCUMENT_METADATAENTRY']._serialized_options = b'8\001'
-  _globals['_FIDELITY']._serialized_start=1120
-  _globals['_FIDELITY']._serialized_end=1199
+  _globals['_DOCUMENTSTATUS']._serialized_start=1484
+  _globals['_DOCUMENTSTATUS']._serialized_end=1650
+  _globals['_FIDELITY']._serialized_start=1652
+  _globals['_FIDELITY']._serialized_end=1731
   _globals['_INGESTREQUEST']._serialized_start=99
   _globals['_INGESTREQUEST']._serialized_end=156
-  _globals['_DOCUMENT']._serialized_start=159
-  _globals['_DOCUMENT']._serialized_end=462
-  _globals['_DOCUMENT_METADATAENTRY']._serialized_start=415
-  _globals['_DOCUMENT_METADATAENTRY']._serialized_end=462
-  _globals['_INGESTSUMMARY']._serialized_start=465
-  _globals['_INGESTSUMMARY']._serialized_end=680
-  _globals['_DOCUMENTERROR']._serialized_start=682
-  _globals['_DOCUMENTERROR']._serialized_end=780
-  _globals['_DELETEDOCUMENTREQUEST']._serialized_start=782
-  _globals['_DELETEDOCUMENTREQUEST']._serialized_end=841
-  _globals['_DELETEDOCUMENTRESPONSE']._serialized_start=843
-  _globals['_DELETEDOCUMENTRESPONSE']._serialized_end=891
-  _globals['_GETEVIDENCEREQUEST']._serialized_start=893
-  _globals['_GETEVIDENCEREQUEST']._serialized_end=934
-  _globals['_GETEVIDENCERESPONSE']._serialized_start=937
-  _globals['_GETEVIDENCERESPONSE']._serialized_end=1118
-  _globals['_CORPUSSERVICE']._serialized_start=1202
-  _globals['_CORPUSSERVICE']._serialized_end=1464
+  _globals['_INGESTSTREAMREQUEST']._serialized_start=158
+  _globals['_INGESTSTREAMREQUEST']._serialized_end=239
+  _globals['_INGESTSTREAMRESPONSE']._serialized_start=241
+  _globals['_INGESTSTREAMRESPONSE']._serialized_end=355
+  _globals['_DOCUMENTACK']._serialized_start=358
+  _globals['_DOCUMENTACK']._serialized_end=519
+  _globals['_DOCUMENT']._serialized_start=522
+  _globals['_DOCUMENT']._serialized_end=825
+  _globals['_DOCUMENT_METADATAENTRY']._serialized_start=778
+  _globals['_DOCUMENT_METADATAENTRY']._serialized_end=825
+  _globals['_INGESTSUMMARY']._serialized_start=828
+  _globals['_INGESTSUMMARY']._serialized_end=1043
+  _globals['_DOCUMENTERROR']._serialized_start=1045
+  _globals['_DOCUMENTERROR']._serialized_end=1143
+  _globals['_DELETEDOCUMENTREQUEST']._serialized_start=1145
+  _globals['_DELETEDOCUMENTREQUEST']._serialized_end=1204
+  _globals['_DELETEDOCUMENTRESPONSE']._serialized_start=1206
+  _globals['_DELETEDOCUMENTRESPONSE']._serialized_end=1254
+  _globals['_GETEVIDENCEREQUEST']._serialized_start=1256
+  _globals['_GETEVIDENCEREQUEST']._serialized_end=1297
+  _globals['_GETEVIDENCERESPONSE']._serialized_start=1300
+  _globals['_GETEVIDENCERESPONSE']._serialized_end=1481
+  _globals['_CORPUSSERVICE']._serialized_start=1734
+  _globals['_CORPUSSERVICE']._serialized_end=2087
 # @@protoc_insertion_point(module_scope)

@@ -21,6 +21,36 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _DocumentStatus:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _DocumentStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DocumentStatus.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    DOCUMENT_STATUS_UNSPECIFIED: _DocumentStatus.ValueType  # 0
+    DOCUMENT_STATUS_INDEXED: _DocumentStatus.ValueType  # 1
+    """Written (new or changed) and visible to searches."""
+    DOCUMENT_STATUS_UNCHANGED: _DocumentStatus.ValueType  # 2
+    """This source, version and content was already stored; nothing was written."""
+    DOCUMENT_STATUS_INVALID: _DocumentStatus.ValueType  # 3
+    """The document is invalid (see `field`); nothing was written."""
+    DOCUMENT_STATUS_FAILED: _DocumentStatus.ValueType  # 4
+    """The engine or model runtime failed for it; it may be retried."""
+
+class DocumentStatus(_DocumentStatus, metaclass=_DocumentStatusEnumTypeWrapper):
+    """DocumentStatus is what happened to one acknowledged document."""
+
+DOCUMENT_STATUS_UNSPECIFIED: DocumentStatus.ValueType  # 0
+DOCUMENT_STATUS_INDEXED: DocumentStatus.ValueType  # 1
+"""Written (new or changed) and visible to searches."""
+DOCUMENT_STATUS_UNCHANGED: DocumentStatus.ValueType  # 2
+"""This source, version and content was already stored; nothing was written."""
+DOCUMENT_STATUS_INVALID: DocumentStatus.ValueType  # 3
+"""The document is invalid (see `field`); nothing was written."""
+DOCUMENT_STATUS_FAILED: DocumentStatus.ValueType  # 4
+"""The engine or model runtime failed for it; it may be retried."""
+Global___DocumentStatus: _TypeAlias = DocumentStatus  # noqa: Y015
+
 class _Fidelity:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -64,6 +94,105 @@ class IngestRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___IngestRequest: _TypeAlias = IngestRequest  # noqa: Y015
+
+@_typing.final
+class IngestStreamRequest(_message.Message):
+    """IngestStreamRequest carries one document of an acknowledged ingest stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DOCUMENT_FIELD_NUMBER: _builtins.int
+    SEQUENCE_FIELD_NUMBER: _builtins.int
+    sequence: _builtins.int
+    """The caller's id for this document, echoed in its ack (e.g. its line number in the
+    file). 0: the server numbers documents by their 0-based position in the stream.
+    """
+    @_builtins.property
+    def document(self) -> Global___Document: ...
+    def __init__(
+        self,
+        *,
+        document: Global___Document | None = ...,
+        sequence: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["document", b"document"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["document", b"document", "sequence", b"sequence"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IngestStreamRequest: _TypeAlias = IngestStreamRequest  # noqa: Y015
+
+@_typing.final
+class IngestStreamResponse(_message.Message):
+    """IngestStreamResponse acknowledges documents that are done."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACKS_FIELD_NUMBER: _builtins.int
+    ACKNOWLEDGED_TOTAL_FIELD_NUMBER: _builtins.int
+    MAX_IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    acknowledged_total: _builtins.int
+    """Documents acknowledged so far on this stream, this response included."""
+    max_in_flight: _builtins.int
+    """The server's bound on unacknowledged documents for this stream."""
+    @_builtins.property
+    def acks(self) -> _containers.RepeatedCompositeFieldContainer[Global___DocumentAck]: ...
+    def __init__(
+        self,
+        *,
+        acks: _abc.Iterable[Global___DocumentAck] | None = ...,
+        acknowledged_total: _builtins.int = ...,
+        max_in_flight: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged_total", b"acknowledged_total", "acks", b"acks", "max_in_flight", b"max_in_flight"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IngestStreamResponse: _TypeAlias = IngestStreamResponse  # noqa: Y015
+
+@_typing.final
+class DocumentAck(_message.Message):
+    """DocumentAck is the final word on one document of an IngestStream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQUENCE_FIELD_NUMBER: _builtins.int
+    SOURCE_ID_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    CHUNKS_FIELD_NUMBER: _builtins.int
+    FIELD_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    sequence: _builtins.int
+    """The request's sequence (or its 0-based position when that was 0)."""
+    source_id: _builtins.str
+    version: _builtins.str
+    status: Global___DocumentStatus.ValueType
+    chunks: _builtins.int
+    field: _builtins.str
+    """For INVALID: the offending field, e.g. "document.text"."""
+    message: _builtins.str
+    def __init__(
+        self,
+        *,
+        sequence: _builtins.int = ...,
+        source_id: _builtins.str = ...,
+        version: _builtins.str = ...,
+        status: Global___DocumentStatus.ValueType = ...,
+        chunks: _builtins.int = ...,
+        field: _builtins.str = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunks", b"chunks", "field", b"field", "message", b"message", "sequence", b"sequence", "source_id", b"source_id", "status", b"status", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DocumentAck: _TypeAlias = DocumentAck  # noqa: Y015
 
 @_typing.final
 class Document(_message.Message):

@@ -29,7 +29,8 @@ class CorpusServiceStub:
     """CorpusService writes and reads the knowledge base.
 
     Transport-level codes shared with RetrievalService: UNAUTHENTICATED (API keys
-    configured, none valid), RESOURCE_EXHAUSTED (overload; `retry-after-ms` trailer),
+    configured, none valid), RESOURCE_EXHAUSTED (overload, or the principal's rate limit
+    or concurrency quota; RetryInfo and a `retry-after-ms` trailer),
     UNAVAILABLE (shutting down).
     """
 
@@ -43,6 +44,11 @@ class CorpusServiceStub:
                 '/retrieval.v1.CorpusService/Ingest',
                 request_serializer=retrieval_dot_v1_dot_corpus__pb2.IngestRequest.SerializeToString,
                 response_deserializer=retrieval_dot_v1_dot_corpus__pb2.IngestSummary.FromString,
+                _registered_method=True)
+        self.IngestStream = channel.stream_stream(
+                '/retrieval.v1.CorpusService/IngestStream',
+                request_serializer=retrieval_dot_v1_dot_corpus__pb2.IngestStreamRequest.SerializeToString,
+                response_deserializer=retrieval_dot_v1_dot_corpus__pb2.IngestStreamResponse.FromString,
                 _registered_method=True)
         self.DeleteDocument = channel.unary_unary(
                 '/retrieval.v1.CorpusService/DeleteDocument',
@@ -60,7 +66,8 @@ class CorpusServiceServicer:
     """CorpusService writes and reads the knowledge base.
 
     Transport-level codes shared with RetrievalService: UNAUTHENTICATED (API keys
-    configured, none valid), RESOURCE_EXHAUSTED (overload; `retry-after-ms` trailer),
+    configured, none valid), RESOURCE_EXHAUSTED (overload, or the principal's rate limit
+    or concurrency quota; RetryInfo and a `retry-after-ms` trailer),
     UNAVAILABLE (shutting down).
     """
 
@@ -79,6 +86,25 @@ class CorpusServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def IngestStream(self, request_iterator, context):
+        """IngestStream is Ingest with acknowledgements. Each document the caller sends comes
+        back in exactly one IngestStreamResponse once it is committed (written and visible to
+        searches) or has failed, with its sequence number, its outcome and, on failure, the
+        field and message; several documents may share one response, in completion order.
+        Flow control: the server holds at most `max_in_flight` (reported in every response)
+        unacknowledged documents and stops reading the stream while it is at that bound, so
+        a fast caller cannot fill the server's memory. A document without an ack when the
+        stream breaks was not necessarily committed: send it again. Re-sending a committed
+        document is a no-op acknowledged as UNCHANGED (same source, version and content), so
+        re-running a whole file after a break indexes only what is missing.
+        Status codes: OK (per-document failures are in the acks), UNAVAILABLE (the server is
+        shutting down), RESOURCE_EXHAUSTED (the principal's rate or concurrency quota, with
+        RetryInfo), UNAUTHENTICATED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DeleteDocument(self, request, context):
         """DeleteDocument removes one version of a source, or every version.
         Status codes: OK, INVALID_ARGUMENT (empty source_id), NOT_FOUND, UNAVAILABLE.
@@ -90,7 +116,9 @@ class CorpusServiceServicer:
     def GetEvidence(self, request, context):
         """GetEvidence fetches the exact text of an evidence id (`source#chunk@version`). It
         never substitutes another version: when that version is gone the response says
-        fidelity is degraded and lists the versions that exist.
+        fidelity is degraded and lists the versions that exist. Only what the caller may
+        see counts: a document hidden by its ACL (and its versions) answers exactly like an
+        id that was never ingested.
         Status codes: OK, INVALID_ARGUMENT (malformed id), UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -104,6 +132,11 @@ def add_CorpusServiceServicer_to_server(servicer, server):
                     servicer.Ingest,
                     request_deserializer=retrieval_dot_v1_dot_corpus__pb2.IngestRequest.FromString,
                     response_serializer=retrieval_dot_v1_dot_corpus__pb2.IngestSummary.SerializeToString,
+            ),
+            'IngestStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.IngestStream,
+                    request_deserializer=retrieval_dot_v1_dot_corpus__pb2.IngestStreamRequest.FromString,
+                    response_serializer=retrieval_dot_v1_dot_corpus__pb2.IngestStreamResponse.SerializeToString,
             ),
             'DeleteDocument': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteDocument,
@@ -127,7 +160,8 @@ class CorpusService:
     """CorpusService writes and reads the knowledge base.
 
     Transport-level codes shared with RetrievalService: UNAUTHENTICATED (API keys
-    configured, none valid), RESOURCE_EXHAUSTED (overload; `retry-after-ms` trailer),
+    configured, none valid), RESOURCE_EXHAUSTED (overload, or the principal's rate limit
+    or concurrency quota; RetryInfo and a `retry-after-ms` trailer),
     UNAVAILABLE (shutting down).
     """
 
@@ -148,6 +182,33 @@ class CorpusService:
             '/retrieval.v1.CorpusService/Ingest',
             retrieval_dot_v1_dot_corpus__pb2.IngestRequest.SerializeToString,
             retrieval_dot_v1_dot_corpus__pb2.IngestSummary.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def IngestStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/retrieval.v1.CorpusService/IngestStream',
+            retrieval_dot_v1_dot_corpus__pb2.IngestStreamRequest.SerializeToString,
+            retrieval_dot_v1_dot_corpus__pb2.IngestStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -21,6 +21,66 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// DocumentStatus is what happened to one acknowledged document.
+type DocumentStatus int32
+
+const (
+	DocumentStatus_DOCUMENT_STATUS_UNSPECIFIED DocumentStatus = 0
+	// Written (new or changed) and visible to searches.
+	DocumentStatus_DOCUMENT_STATUS_INDEXED DocumentStatus = 1
+	// This source, version and content was already stored; nothing was written.
+	DocumentStatus_DOCUMENT_STATUS_UNCHANGED DocumentStatus = 2
+	// The document is invalid (see `field`); nothing was written.
+	DocumentStatus_DOCUMENT_STATUS_INVALID DocumentStatus = 3
+	// The engine or model runtime failed for it; it may be retried.
+	DocumentStatus_DOCUMENT_STATUS_FAILED DocumentStatus = 4
+)
+
+// Enum value maps for DocumentStatus.
+var (
+	DocumentStatus_name = map[int32]string{
+		0: "DOCUMENT_STATUS_UNSPECIFIED",
+		1: "DOCUMENT_STATUS_INDEXED",
+		2: "DOCUMENT_STATUS_UNCHANGED",
+		3: "DOCUMENT_STATUS_INVALID",
+		4: "DOCUMENT_STATUS_FAILED",
+	}
+	DocumentStatus_value = map[string]int32{
+		"DOCUMENT_STATUS_UNSPECIFIED": 0,
+		"DOCUMENT_STATUS_INDEXED":     1,
+		"DOCUMENT_STATUS_UNCHANGED":   2,
+		"DOCUMENT_STATUS_INVALID":     3,
+		"DOCUMENT_STATUS_FAILED":      4,
+	}
+)
+
+func (x DocumentStatus) Enum() *DocumentStatus {
+	p := new(DocumentStatus)
+	*p = x
+	return p
+}
+
+func (x DocumentStatus) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (DocumentStatus) Descriptor() protoreflect.EnumDescriptor {
+	return file_retrieval_v1_corpus_proto_enumTypes[0].Descriptor()
+}
+
+func (DocumentStatus) Type() protoreflect.EnumType {
+	return &file_retrieval_v1_corpus_proto_enumTypes[0]
+}
+
+func (x DocumentStatus) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use DocumentStatus.Descriptor instead.
+func (DocumentStatus) EnumDescriptor() ([]byte, []int) {
+	return file_retrieval_v1_corpus_proto_rawDescGZIP(), []int{0}
+}
+
 // Fidelity says whether the exact cited text is still there.
 type Fidelity int32
 
@@ -57,11 +117,11 @@ func (x Fidelity) String() string {
 }
 
 func (Fidelity) Descriptor() protoreflect.EnumDescriptor {
-	return file_retrieval_v1_corpus_proto_enumTypes[0].Descriptor()
+	return file_retrieval_v1_corpus_proto_enumTypes[1].Descriptor()
 }
 
 func (Fidelity) Type() protoreflect.EnumType {
-	return &file_retrieval_v1_corpus_proto_enumTypes[0]
+	return &file_retrieval_v1_corpus_proto_enumTypes[1]
 }
 
 func (x Fidelity) Number() protoreflect.EnumNumber {
@@ -70,7 +130,7 @@ func (x Fidelity) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Fidelity.Descriptor instead.
 func (Fidelity) EnumDescriptor() ([]byte, []int) {
-	return file_retrieval_v1_corpus_proto_rawDescGZIP(), []int{0}
+	return file_retrieval_v1_corpus_proto_rawDescGZIP(), []int{1}
 }
 
 // IngestRequest carries one document.
@@ -118,6 +178,219 @@ func (x *IngestRequest) GetDocument() *Document {
 	return nil
 }
 
+// IngestStreamRequest carries one document of an acknowledged ingest stream.
+type IngestStreamRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Document *Document              `protobuf:"bytes,1,opt,name=document,proto3" json:"document,omitempty"`
+	// The caller's id for this document, echoed in its ack (e.g. its line number in the
+	// file). 0: the server numbers documents by their 0-based position in the stream.
+	Sequence      uint64 `protobuf:"varint,2,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IngestStreamRequest) Reset() {
+	*x = IngestStreamRequest{}
+	mi := &file_retrieval_v1_corpus_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IngestStreamRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IngestStreamRequest) ProtoMessage() {}
+
+func (x *IngestStreamRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_retrieval_v1_corpus_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IngestStreamRequest.ProtoReflect.Descriptor instead.
+func (*IngestStreamRequest) Descriptor() ([]byte, []int) {
+	return file_retrieval_v1_corpus_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *IngestStreamRequest) GetDocument() *Document {
+	if x != nil {
+		return x.Document
+	}
+	return nil
+}
+
+func (x *IngestStreamRequest) GetSequence() uint64 {
+	if x != nil {
+		return x.Sequence
+	}
+	return 0
+}
+
+// IngestStreamResponse acknowledges documents that are done.
+type IngestStreamResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Acks  []*DocumentAck         `protobuf:"bytes,1,rep,name=acks,proto3" json:"acks,omitempty"`
+	// Documents acknowledged so far on this stream, this response included.
+	AcknowledgedTotal uint64 `protobuf:"varint,2,opt,name=acknowledged_total,json=acknowledgedTotal,proto3" json:"acknowledged_total,omitempty"`
+	// The server's bound on unacknowledged documents for this stream.
+	MaxInFlight   uint32 `protobuf:"varint,3,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IngestStreamResponse) Reset() {
+	*x = IngestStreamResponse{}
+	mi := &file_retrieval_v1_corpus_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IngestStreamResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IngestStreamResponse) ProtoMessage() {}
+
+func (x *IngestStreamResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_retrieval_v1_corpus_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IngestStreamResponse.ProtoReflect.Descriptor instead.
+func (*IngestStreamResponse) Descriptor() ([]byte, []int) {
+	return file_retrieval_v1_corpus_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *IngestStreamResponse) GetAcks() []*DocumentAck {
+	if x != nil {
+		return x.Acks
+	}
+	return nil
+}
+
+func (x *IngestStreamResponse) GetAcknowledgedTotal() uint64 {
+	if x != nil {
+		return x.AcknowledgedTotal
+	}
+	return 0
+}
+
+func (x *IngestStreamResponse) GetMaxInFlight() uint32 {
+	if x != nil {
+		return x.MaxInFlight
+	}
+	return 0
+}
+
+// DocumentAck is the final word on one document of an IngestStream.
+type DocumentAck struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The request's sequence (or its 0-based position when that was 0).
+	Sequence uint64         `protobuf:"varint,1,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	SourceId string         `protobuf:"bytes,2,opt,name=source_id,json=sourceId,proto3" json:"source_id,omitempty"`
+	Version  string         `protobuf:"bytes,3,opt,name=version,proto3" json:"version,omitempty"`
+	Status   DocumentStatus `protobuf:"varint,4,opt,name=status,proto3,enum=retrieval.v1.DocumentStatus" json:"status,omitempty"`
+	Chunks   uint32         `protobuf:"varint,5,opt,name=chunks,proto3" json:"chunks,omitempty"`
+	// For INVALID: the offending field, e.g. "document.text".
+	Field         string `protobuf:"bytes,6,opt,name=field,proto3" json:"field,omitempty"`
+	Message       string `protobuf:"bytes,7,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DocumentAck) Reset() {
+	*x = DocumentAck{}
+	mi := &file_retrieval_v1_corpus_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DocumentAck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DocumentAck) ProtoMessage() {}
+
+func (x *DocumentAck) ProtoReflect() protoreflect.Message {
+	mi := &file_retrieval_v1_corpus_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DocumentAck.ProtoReflect.Descriptor instead.
+func (*DocumentAck) Descriptor() ([]byte, []int) {
+	return file_retrieval_v1_corpus_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *DocumentAck) GetSequence() uint64 {
+	if x != nil {
+		return x.Sequence
+	}
+	return 0
+}
+
+func (x *DocumentAck) GetSourceId() string {
+	if x != nil {
+		return x.SourceId
+	}
+	return ""
+}
+
+func (x *DocumentAck) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *DocumentAck) GetStatus() DocumentStatus {
+	if x != nil {
+		return x.Status
+	}
+	return DocumentStatus_DOCUMENT_STATUS_UNSPECIFIED
+}
+
+func (x *DocumentAck) GetChunks() uint32 {
+	if x != nil {
+		return x.Chunks
+	}
+	return 0
+}
+
+func (x *DocumentAck) GetField() string {
+	if x != nil {
+		return x.Field
+	}
+	return ""
+}
+
+func (x *DocumentAck) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 // Document is one version of one source.
 type Document struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -144,7 +417,7 @@ type Document struct {
 
 func (x *Document) Reset() {
 	*x = Document{}
-	mi := &file_retrieval_v1_corpus_proto_msgTypes[1]
+	mi := &file_retrieval_v1_corpus_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -156,7 +429,7 @@ func (x *Document) String() string {
 func (*Document) ProtoMessage() {}
 
 func (x *Document) ProtoReflect() protoreflect.Message {
-	mi := &file_retrieval_v1_corpus_proto_msgTypes[1]
+	mi := &file_retrieval_v1_corpus_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -169,7 +442,7 @@ func (x *Document) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Document.ProtoReflect.Descriptor instead.
 func (*Document) Descriptor() ([]byte, []int) {
-	return file_retrieval_v1_corpus_proto_rawDescGZIP(), []int{1}
+	return file_retrieval_v1_corpus_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Document) GetSourceId() string {
@@ -254,7 +527,7 @@ type IngestSummary struct {
 
 func (x *IngestSummary) Reset() {
 	*x = IngestSummary{}
-	mi := &file_retrieval_v1_corpus_proto_msgTypes[2]
+	mi := &file_retrieval_v1_corpus_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -266,7 +539,7 @@ func (x *IngestSummary) String() string {
 func (*IngestSummary) ProtoMessage() {}
 
 func (x *IngestSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_retrieval_v1_corpus_proto_msgTypes[2]
+	mi := &file_retrieval_v1_corpus_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -279,7 +552,7 @@ func (x *IngestSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IngestSummary.ProtoReflect.Descriptor instead.
 func (*IngestSummary) Descriptor() ([]byte, []int) {
-	return file_retrieval_v1_corpus_proto_rawDescGZIP(), []int{2}
+	return file_retrieval_v1_corpus_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *IngestSummary) GetDocumentsReceived() uint32 {
@@ -347,7 +620,7 @@ type DocumentError struct {
 
 func (x *DocumentError) Reset() {
 	*x = DocumentError{}
-	mi := &file_retrieval_v1_corpus_proto_msgTypes[3]
+	mi := &file_retrieval_v1_corpus_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -359,7 +632,7 @@ func (x *DocumentError) String() string {
 func (*DocumentError) ProtoMessage() {}
 
 func (x *DocumentError) ProtoReflect() protoreflect.Message {
-	mi := &file_retrieval_v1_corpus_proto_msgTypes[3]
+	mi := &file_retrieval_v1_corpus_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -372,7 +645,7 @@ func (x *DocumentError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DocumentError.ProtoReflect.Descriptor instead.
 func (*DocumentError) Descriptor() ([]byte, []int) {
-	return file_retrieval_v1_corpus_proto_rawDescGZIP(), []int{3}
+	return file_retrieval_v1_corpus_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DocumentError) GetIndex() uint32 {
@@ -422,7 +695,7 @@ type DeleteDocumentRequest struct {
 
 func (x *DeleteDocumentRequest) Reset() {
 	*x = DeleteDocumentRequest{}
-	mi := &file_retrieval_v1_corpus_proto_msgTypes[4]
+	mi := &file_retrieval_v1_corpus_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -434,7 +707,7 @@ func (x *DeleteDocumentRequest) String() string {
 func (*DeleteDocumentRequest) ProtoMessage() {}
 
 func (x *DeleteDocumentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_retrieval_v1_corpus_proto_msgTypes[4]
+	mi := &file_retrieval_v1_corpus_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -447,7 +720,7 @@ func (x *DeleteDocumentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDocumentRequest.ProtoReflect.Descriptor instead.
 func (*DeleteDocumentRequest) Descriptor() ([]byte, []int) {
-	return file_retrieval_v1_corpus_proto_rawDescGZIP(), []int{4}
+	return file_retrieval_v1_corpus_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DeleteDocumentRequest) GetSourceId() string {
@@ -474,7 +747,7 @@ type DeleteDocumentResponse struct {
 
 func (x *DeleteDocumentResponse) Reset() {
 	*x = DeleteDocumentResponse{}
-	mi := &file_retrieval_v1_corpus_proto_msgTypes[5]
+	mi := &file_retrieval_v1_corpus_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -486,7 +759,7 @@ func (x *DeleteDocumentResponse) String() string {
 func (*DeleteDocumentResponse) ProtoMessage() {}
 
 func (x *DeleteDocumentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_retrieval_v1_corpus_proto_msgTypes[5]
+	mi := &file_retrieval_v1_corpus_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -499,7 +772,7 @@ func (x *DeleteDocumentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDocumentResponse.ProtoReflect.Descriptor instead.
 func (*DeleteDocumentResponse) Descriptor() ([]byte, []int) {
-	return file_retrieval_v1_corpus_proto_rawDescGZIP(), []int{5}
+	return file_retrieval_v1_corpus_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DeleteDocumentResponse) GetChunksDeleted() uint32 {
@@ -520,7 +793,7 @@ type GetEvidenceRequest struct {
 
 func (x *GetEvidenceRequest) Reset() {
 	*x = GetEvidenceRequest{}
-	mi := &file_retrieval_v1_corpus_proto_msgTypes[6]
+	mi := &file_retrieval_v1_corpus_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -532,7 +805,7 @@ func (x *GetEvidenceRequest) String() string {
 func (*GetEvidenceRequest) ProtoMessage() {}
 
 func (x *GetEvidenceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_retrieval_v1_corpus_proto_msgTypes[6]
+	mi := &file_retrieval_v1_corpus_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -545,7 +818,7 @@ func (x *GetEvidenceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetEvidenceRequest.ProtoReflect.Descriptor instead.
 func (*GetEvidenceRequest) Descriptor() ([]byte, []int) {
-	return file_retrieval_v1_corpus_proto_rawDescGZIP(), []int{6}
+	return file_retrieval_v1_corpus_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetEvidenceRequest) GetEvidenceId() string {
@@ -570,7 +843,7 @@ type GetEvidenceResponse struct {
 
 func (x *GetEvidenceResponse) Reset() {
 	*x = GetEvidenceResponse{}
-	mi := &file_retrieval_v1_corpus_proto_msgTypes[7]
+	mi := &file_retrieval_v1_corpus_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -582,7 +855,7 @@ func (x *GetEvidenceResponse) String() string {
 func (*GetEvidenceResponse) ProtoMessage() {}
 
 func (x *GetEvidenceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_retrieval_v1_corpus_proto_msgTypes[7]
+	mi := &file_retrieval_v1_corpus_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -595,7 +868,7 @@ func (x *GetEvidenceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetEvidenceResponse.ProtoReflect.Descriptor instead.
 func (*GetEvidenceResponse) Descriptor() ([]byte, []int) {
-	return file_retrieval_v1_corpus_proto_rawDescGZIP(), []int{7}
+	return file_retrieval_v1_corpus_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetEvidenceResponse) GetFidelity() Fidelity {
@@ -632,7 +905,22 @@ const file_retrieval_v1_corpus_proto_rawDesc = "" +
 	"\n" +
 	"\x19retrieval/v1/corpus.proto\x12\fretrieval.v1\x1a\x1cretrieval/v1/retrieval.proto\x1a\x18retrieval/v1/types.proto\"C\n" +
 	"\rIngestRequest\x122\n" +
-	"\bdocument\x18\x01 \x01(\v2\x16.retrieval.v1.DocumentR\bdocument\"\x8a\x03\n" +
+	"\bdocument\x18\x01 \x01(\v2\x16.retrieval.v1.DocumentR\bdocument\"e\n" +
+	"\x13IngestStreamRequest\x122\n" +
+	"\bdocument\x18\x01 \x01(\v2\x16.retrieval.v1.DocumentR\bdocument\x12\x1a\n" +
+	"\bsequence\x18\x02 \x01(\x04R\bsequence\"\x98\x01\n" +
+	"\x14IngestStreamResponse\x12-\n" +
+	"\x04acks\x18\x01 \x03(\v2\x19.retrieval.v1.DocumentAckR\x04acks\x12-\n" +
+	"\x12acknowledged_total\x18\x02 \x01(\x04R\x11acknowledgedTotal\x12\"\n" +
+	"\rmax_in_flight\x18\x03 \x01(\rR\vmaxInFlight\"\xde\x01\n" +
+	"\vDocumentAck\x12\x1a\n" +
+	"\bsequence\x18\x01 \x01(\x04R\bsequence\x12\x1b\n" +
+	"\tsource_id\x18\x02 \x01(\tR\bsourceId\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\tR\aversion\x124\n" +
+	"\x06status\x18\x04 \x01(\x0e2\x1c.retrieval.v1.DocumentStatusR\x06status\x12\x16\n" +
+	"\x06chunks\x18\x05 \x01(\rR\x06chunks\x12\x14\n" +
+	"\x05field\x18\x06 \x01(\tR\x05field\x12\x18\n" +
+	"\amessage\x18\a \x01(\tR\amessage\"\x8a\x03\n" +
 	"\bDocument\x12\x1b\n" +
 	"\tsource_id\x18\x01 \x01(\tR\bsourceId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x14\n" +
@@ -677,13 +965,20 @@ const file_retrieval_v1_corpus_proto_rawDesc = "" +
 	"\bfidelity\x18\x01 \x01(\x0e2\x16.retrieval.v1.FidelityR\bfidelity\x126\n" +
 	"\bevidence\x18\x02 \x01(\v2\x1a.retrieval.v1.EvidenceItemR\bevidence\x122\n" +
 	"\x06status\x18\x03 \x01(\x0e2\x1a.retrieval.v1.SourceStatusR\x06status\x12-\n" +
-	"\x12available_versions\x18\x04 \x03(\tR\x11availableVersions*O\n" +
+	"\x12available_versions\x18\x04 \x03(\tR\x11availableVersions*\xa6\x01\n" +
+	"\x0eDocumentStatus\x12\x1f\n" +
+	"\x1bDOCUMENT_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n" +
+	"\x17DOCUMENT_STATUS_INDEXED\x10\x01\x12\x1d\n" +
+	"\x19DOCUMENT_STATUS_UNCHANGED\x10\x02\x12\x1b\n" +
+	"\x17DOCUMENT_STATUS_INVALID\x10\x03\x12\x1a\n" +
+	"\x16DOCUMENT_STATUS_FAILED\x10\x04*O\n" +
 	"\bFidelity\x12\x18\n" +
 	"\x14FIDELITY_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eFIDELITY_EXACT\x10\x01\x12\x15\n" +
-	"\x11FIDELITY_DEGRADED\x10\x022\x86\x02\n" +
+	"\x11FIDELITY_DEGRADED\x10\x022\xe1\x02\n" +
 	"\rCorpusService\x12D\n" +
-	"\x06Ingest\x12\x1b.retrieval.v1.IngestRequest\x1a\x1b.retrieval.v1.IngestSummary(\x01\x12[\n" +
+	"\x06Ingest\x12\x1b.retrieval.v1.IngestRequest\x1a\x1b.retrieval.v1.IngestSummary(\x01\x12Y\n" +
+	"\fIngestStream\x12!.retrieval.v1.IngestStreamRequest\x1a\".retrieval.v1.IngestStreamResponse(\x010\x01\x12[\n" +
 	"\x0eDeleteDocument\x12#.retrieval.v1.DeleteDocumentRequest\x1a$.retrieval.v1.DeleteDocumentResponse\x12R\n" +
 	"\vGetEvidence\x12 .retrieval.v1.GetEvidenceRequest\x1a!.retrieval.v1.GetEvidenceResponseb\x06proto3"
 
@@ -699,43 +994,52 @@ func file_retrieval_v1_corpus_proto_rawDescGZIP() []byte {
 	return file_retrieval_v1_corpus_proto_rawDescData
 }
 
-var file_retrieval_v1_corpus_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_retrieval_v1_corpus_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_retrieval_v1_corpus_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_retrieval_v1_corpus_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_retrieval_v1_corpus_proto_goTypes = []any{
-	(Fidelity)(0),                  // 0: retrieval.v1.Fidelity
-	(*IngestRequest)(nil),          // 1: retrieval.v1.IngestRequest
-	(*Document)(nil),               // 2: retrieval.v1.Document
-	(*IngestSummary)(nil),          // 3: retrieval.v1.IngestSummary
-	(*DocumentError)(nil),          // 4: retrieval.v1.DocumentError
-	(*DeleteDocumentRequest)(nil),  // 5: retrieval.v1.DeleteDocumentRequest
-	(*DeleteDocumentResponse)(nil), // 6: retrieval.v1.DeleteDocumentResponse
-	(*GetEvidenceRequest)(nil),     // 7: retrieval.v1.GetEvidenceRequest
-	(*GetEvidenceResponse)(nil),    // 8: retrieval.v1.GetEvidenceResponse
-	nil,                            // 9: retrieval.v1.Document.MetadataEntry
-	(Collection)(0),                // 10: retrieval.v1.Collection
-	(SourceStatus)(0),              // 11: retrieval.v1.SourceStatus
-	(*EvidenceItem)(nil),           // 12: retrieval.v1.EvidenceItem
+	(DocumentStatus)(0),            // 0: retrieval.v1.DocumentStatus
+	(Fidelity)(0),                  // 1: retrieval.v1.Fidelity
+	(*IngestRequest)(nil),          // 2: retrieval.v1.IngestRequest
+	(*IngestStreamRequest)(nil),    // 3: retrieval.v1.IngestStreamRequest
+	(*IngestStreamResponse)(nil),   // 4: retrieval.v1.IngestStreamResponse
+	(*DocumentAck)(nil),            // 5: retrieval.v1.DocumentAck
+	(*Document)(nil),               // 6: retrieval.v1.Document
+	(*IngestSummary)(nil),          // 7: retrieval.v1.IngestSummary
+	(*DocumentError)(nil),          // 8: retrieval.v1.DocumentError
+	(*DeleteDocumentRequest)(nil),  // 9: retrieval.v1.DeleteDocumentRequest
+	(*DeleteDocumentResponse)(nil), // 10: retrieval.v1.DeleteDocumentResponse
+	(*GetEvidenceRequest)(nil),     // 11: retrieval.v1.GetEvidenceRequest
+	(*GetEvidenceResponse)(nil),    // 12: retrieval.v1.GetEvidenceResponse
+	nil,                            // 13: retrieval.v1.Document.MetadataEntry
+	(Collection)(0),                // 14: retrieval.v1.Collection
+	(SourceStatus)(0),              // 15: retrieval.v1.SourceStatus
+	(*EvidenceItem)(nil),           // 16: retrieval.v1.EvidenceItem
 }
 var file_retrieval_v1_corpus_proto_depIdxs = []int32{
-	2,  // 0: retrieval.v1.IngestRequest.document:type_name -> retrieval.v1.Document
-	10, // 1: retrieval.v1.Document.collection:type_name -> retrieval.v1.Collection
-	11, // 2: retrieval.v1.Document.status:type_name -> retrieval.v1.SourceStatus
-	9,  // 3: retrieval.v1.Document.metadata:type_name -> retrieval.v1.Document.MetadataEntry
-	4,  // 4: retrieval.v1.IngestSummary.errors:type_name -> retrieval.v1.DocumentError
-	0,  // 5: retrieval.v1.GetEvidenceResponse.fidelity:type_name -> retrieval.v1.Fidelity
-	12, // 6: retrieval.v1.GetEvidenceResponse.evidence:type_name -> retrieval.v1.EvidenceItem
-	11, // 7: retrieval.v1.GetEvidenceResponse.status:type_name -> retrieval.v1.SourceStatus
-	1,  // 8: retrieval.v1.CorpusService.Ingest:input_type -> retrieval.v1.IngestRequest
-	5,  // 9: retrieval.v1.CorpusService.DeleteDocument:input_type -> retrieval.v1.DeleteDocumentRequest
-	7,  // 10: retrieval.v1.CorpusService.GetEvidence:input_type -> retrieval.v1.GetEvidenceRequest
-	3,  // 11: retrieval.v1.CorpusService.Ingest:output_type -> retrieval.v1.IngestSummary
-	6,  // 12: retrieval.v1.CorpusService.DeleteDocument:output_type -> retrieval.v1.DeleteDocumentResponse
-	8,  // 13: retrieval.v1.CorpusService.GetEvidence:output_type -> retrieval.v1.GetEvidenceResponse
-	11, // [11:14] is the sub-list for method output_type
-	8,  // [8:11] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	6,  // 0: retrieval.v1.IngestRequest.document:type_name -> retrieval.v1.Document
+	6,  // 1: retrieval.v1.IngestStreamRequest.document:type_name -> retrieval.v1.Document
+	5,  // 2: retrieval.v1.IngestStreamResponse.acks:type_name -> retrieval.v1.DocumentAck
+	0,  // 3: retrieval.v1.DocumentAck.status:type_name -> retrieval.v1.DocumentStatus
+	14, // 4: retrieval.v1.Document.collection:type_name -> retrieval.v1.Collection
+	15, // 5: retrieval.v1.Document.status:type_name -> retrieval.v1.SourceStatus
+	13, // 6: retrieval.v1.Document.metadata:type_name -> retrieval.v1.Document.MetadataEntry
+	8,  // 7: retrieval.v1.IngestSummary.errors:type_name -> retrieval.v1.DocumentError
+	1,  // 8: retrieval.v1.GetEvidenceResponse.fidelity:type_name -> retrieval.v1.Fidelity
+	16, // 9: retrieval.v1.GetEvidenceResponse.evidence:type_name -> retrieval.v1.EvidenceItem
+	15, // 10: retrieval.v1.GetEvidenceResponse.status:type_name -> retrieval.v1.SourceStatus
+	2,  // 11: retrieval.v1.CorpusService.Ingest:input_type -> retrieval.v1.IngestRequest
+	3,  // 12: retrieval.v1.CorpusService.IngestStream:input_type -> retrieval.v1.IngestStreamRequest
+	9,  // 13: retrieval.v1.CorpusService.DeleteDocument:input_type -> retrieval.v1.DeleteDocumentRequest
+	11, // 14: retrieval.v1.CorpusService.GetEvidence:input_type -> retrieval.v1.GetEvidenceRequest
+	7,  // 15: retrieval.v1.CorpusService.Ingest:output_type -> retrieval.v1.IngestSummary
+	4,  // 16: retrieval.v1.CorpusService.IngestStream:output_type -> retrieval.v1.IngestStreamResponse
+	10, // 17: retrieval.v1.CorpusService.DeleteDocument:output_type -> retrieval.v1.DeleteDocumentResponse
+	12, // 18: retrieval.v1.CorpusService.GetEvidence:output_type -> retrieval.v1.GetEvidenceResponse
+	15, // [15:19] is the sub-list for method output_type
+	11, // [11:15] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_retrieval_v1_corpus_proto_init() }
@@ -750,8 +1054,8 @@ func file_retrieval_v1_corpus_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_retrieval_v1_corpus_proto_rawDesc), len(file_retrieval_v1_corpus_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   9,
+			NumEnums:      2,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

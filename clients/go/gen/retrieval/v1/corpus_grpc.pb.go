@@ -20,6 +20,7 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	CorpusService_Ingest_FullMethodName         = "/retrieval.v1.CorpusService/Ingest"
+	CorpusService_IngestStream_FullMethodName   = "/retrieval.v1.CorpusService/IngestStream"
 	CorpusService_DeleteDocument_FullMethodName = "/retrieval.v1.CorpusService/DeleteDocument"
 	CorpusService_GetEvidence_FullMethodName    = "/retrieval.v1.CorpusService/GetEvidence"
 )
@@ -31,7 +32,8 @@ const (
 // CorpusService writes and reads the knowledge base.
 //
 // Transport-level codes shared with RetrievalService: UNAUTHENTICATED (API keys
-// configured, none valid), RESOURCE_EXHAUSTED (overload; `retry-after-ms` trailer),
+// configured, none valid), RESOURCE_EXHAUSTED (overload, or the principal's rate limit
+// or concurrency quota; RetryInfo and a `retry-after-ms` trailer),
 // UNAVAILABLE (shutting down).
 type CorpusServiceClient interface {
 	// Ingest streams documents in. Each document is validated, chunked (heading
@@ -44,12 +46,28 @@ type CorpusServiceClient interface {
 	// written, are in IngestSummary.errors with an empty field), INVALID_ARGUMENT (the
 	// stream is empty), UNAVAILABLE (the server is shutting down), UNAUTHENTICATED.
 	Ingest(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[IngestRequest, IngestSummary], error)
+	// IngestStream is Ingest with acknowledgements. Each document the caller sends comes
+	// back in exactly one IngestStreamResponse once it is committed (written and visible to
+	// searches) or has failed, with its sequence number, its outcome and, on failure, the
+	// field and message; several documents may share one response, in completion order.
+	// Flow control: the server holds at most `max_in_flight` (reported in every response)
+	// unacknowledged documents and stops reading the stream while it is at that bound, so
+	// a fast caller cannot fill the server's memory. A document without an ack when the
+	// stream breaks was not necessarily committed: send it again. Re-sending a committed
+	// document is a no-op acknowledged as UNCHANGED (same source, version and content), so
+	// re-running a whole file after a break indexes only what is missing.
+	// Status codes: OK (per-document failures are in the acks), UNAVAILABLE (the server is
+	// shutting down), RESOURCE_EXHAUSTED (the principal's rate or concurrency quota, with
+	// RetryInfo), UNAUTHENTICATED.
+	IngestStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[IngestStreamRequest, IngestStreamResponse], error)
 	// DeleteDocument removes one version of a source, or every version.
 	// Status codes: OK, INVALID_ARGUMENT (empty source_id), NOT_FOUND, UNAVAILABLE.
 	DeleteDocument(ctx context.Context, in *DeleteDocumentRequest, opts ...grpc.CallOption) (*DeleteDocumentResponse, error)
 	// GetEvidence fetches the exact text of an evidence id (`source#chunk@version`). It
 	// never substitutes another version: when that version is gone the response says
-	// fidelity is degraded and lists the versions that exist.
+	// fidelity is degraded and lists the versions that exist. Only what the caller may
+	// see counts: a document hidden by its ACL (and its versions) answers exactly like an
+	// id that was never ingested.
 	// Status codes: OK, INVALID_ARGUMENT (malformed id), UNAVAILABLE.
 	GetEvidence(ctx context.Context, in *GetEvidenceRequest, opts ...grpc.CallOption) (*GetEvidenceResponse, error)
 }
@@ -74,6 +92,19 @@ func (c *corpusServiceClient) Ingest(ctx context.Context, opts ...grpc.CallOptio
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type CorpusService_IngestClient = grpc.ClientStreamingClient[IngestRequest, IngestSummary]
+
+func (c *corpusServiceClient) IngestStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[IngestStreamRequest, IngestStreamResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &CorpusService_ServiceDesc.Streams[1], CorpusService_IngestStream_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[IngestStreamRequest, IngestStreamResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type CorpusService_IngestStreamClient = grpc.BidiStreamingClient[IngestStreamRequest, IngestStreamResponse]
 
 func (c *corpusServiceClient) DeleteDocument(ctx context.Context, in *DeleteDocumentRequest, opts ...grpc.CallOption) (*DeleteDocumentResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -102,7 +133,8 @@ func (c *corpusServiceClient) GetEvidence(ctx context.Context, in *GetEvidenceRe
 // CorpusService writes and reads the knowledge base.
 //
 // Transport-level codes shared with RetrievalService: UNAUTHENTICATED (API keys
-// configured, none valid), RESOURCE_EXHAUSTED (overload; `retry-after-ms` trailer),
+// configured, none valid), RESOURCE_EXHAUSTED (overload, or the principal's rate limit
+// or concurrency quota; RetryInfo and a `retry-after-ms` trailer),
 // UNAVAILABLE (shutting down).
 type CorpusServiceServer interface {
 	// Ingest streams documents in. Each document is validated, chunked (heading
@@ -115,12 +147,28 @@ type CorpusServiceServer interface {
 	// written, are in IngestSummary.errors with an empty field), INVALID_ARGUMENT (the
 	// stream is empty), UNAVAILABLE (the server is shutting down), UNAUTHENTICATED.
 	Ingest(grpc.ClientStreamingServer[IngestRequest, IngestSummary]) error
+	// IngestStream is Ingest with acknowledgements. Each document the caller sends comes
+	// back in exactly one IngestStreamResponse once it is committed (written and visible to
+	// searches) or has failed, with its sequence number, its outcome and, on failure, the
+	// field and message; several documents may share one response, in completion order.
+	// Flow control: the server holds at most `max_in_flight` (reported in every response)
+	// unacknowledged documents and stops reading the stream while it is at that bound, so
+	// a fast caller cannot fill the server's memory. A document without an ack when the
+	// stream breaks was not necessarily committed: send it again. Re-sending a committed
+	// document is a no-op acknowledged as UNCHANGED (same source, version and content), so
+	// re-running a whole file after a break indexes only what is missing.
+	// Status codes: OK (per-document failures are in the acks), UNAVAILABLE (the server is
+	// shutting down), RESOURCE_EXHAUSTED (the principal's rate or concurrency quota, with
+	// RetryInfo), UNAUTHENTICATED.
+	IngestStream(grpc.BidiStreamingServer[IngestStreamRequest, IngestStreamResponse]) error
 	// DeleteDocument removes one version of a source, or every version.
 	// Status codes: OK, INVALID_ARGUMENT (empty source_id), NOT_FOUND, UNAVAILABLE.
 	DeleteDocument(context.Context, *DeleteDocumentRequest) (*DeleteDocumentResponse, error)
 	// GetEvidence fetches the exact text of an evidence id (`source#chunk@version`). It
 	// never substitutes another version: when that version is gone the response says
-	// fidelity is degraded and lists the versions that exist.
+	// fidelity is degraded and lists the versions that exist. Only what the caller may
+	// see counts: a document hidden by its ACL (and its versions) answers exactly like an
+	// id that was never ingested.
 	// Status codes: OK, INVALID_ARGUMENT (malformed id), UNAVAILABLE.
 	GetEvidence(context.Context, *GetEvidenceRequest) (*GetEvidenceResponse, error)
 	mustEmbedUnimplementedCorpusServiceServer()
@@ -135,6 +183,9 @@ type UnimplementedCorpusServiceServer struct{}
 
 func (UnimplementedCorpusServiceServer) Ingest(grpc.ClientStreamingServer[IngestRequest, IngestSummary]) error {
 	return status.Error(codes.Unimplemented, "method Ingest not implemented")
+}
+func (UnimplementedCorpusServiceServer) IngestStream(grpc.BidiStreamingServer[IngestStreamRequest, IngestStreamResponse]) error {
+	return status.Error(codes.Unimplemented, "method IngestStream not implemented")
 }
 func (UnimplementedCorpusServiceServer) DeleteDocument(context.Context, *DeleteDocumentRequest) (*DeleteDocumentResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteDocument not implemented")
@@ -169,6 +220,13 @@ func _CorpusService_Ingest_Handler(srv interface{}, stream grpc.ServerStream) er
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type CorpusService_IngestServer = grpc.ClientStreamingServer[IngestRequest, IngestSummary]
+
+func _CorpusService_IngestStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(CorpusServiceServer).IngestStream(&grpc.GenericServerStream[IngestStreamRequest, IngestStreamResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type CorpusService_IngestStreamServer = grpc.BidiStreamingServer[IngestStreamRequest, IngestStreamResponse]
 
 func _CorpusService_DeleteDocument_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(DeleteDocumentRequest)
@@ -226,6 +284,12 @@ var CorpusService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Ingest",
 			Handler:       _CorpusService_Ingest_Handler,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "IngestStream",
+			Handler:       _CorpusService_IngestStream_Handler,
+			ServerStreams: true,
 			ClientStreams: true,
 		},
 	},

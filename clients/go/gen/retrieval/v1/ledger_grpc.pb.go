@@ -39,6 +39,7 @@ const (
 //
 // Transport-level codes shared with RetrievalService: UNAUTHENTICATED (API keys
 // configured, none valid), INVALID_ARGUMENT (google.rpc.BadRequest names each field),
+// RESOURCE_EXHAUSTED (the principal's rate limit; RetryInfo and `retry-after-ms`),
 // UNAVAILABLE (shutting down, or the ledger store cannot be reached).
 type LedgerServiceClient interface {
 	// GetRun returns the run's budget, its gaps, its count of open critical gaps, and one
@@ -150,6 +151,7 @@ func (c *ledgerServiceClient) PurgeRun(ctx context.Context, in *PurgeRunRequest,
 //
 // Transport-level codes shared with RetrievalService: UNAUTHENTICATED (API keys
 // configured, none valid), INVALID_ARGUMENT (google.rpc.BadRequest names each field),
+// RESOURCE_EXHAUSTED (the principal's rate limit; RetryInfo and `retry-after-ms`),
 // UNAVAILABLE (shutting down, or the ledger store cannot be reached).
 type LedgerServiceServer interface {
 	// GetRun returns the run's budget, its gaps, its count of open critical gaps, and one

@@ -34,11 +34,14 @@ const (
 // Every RPC may also fail with these transport-level codes, mapped from domain errors by
 // one table (service/api/errors.py):
 //
-//	UNAUTHENTICATED     API keys are configured and the call has no valid `x-api-key`.
+//	UNAUTHENTICATED     auth is on (API keys or client certificates) and the call has
+//	                    neither a valid `x-api-key` nor a known client certificate.
 //	INVALID_ARGUMENT    a field is malformed; google.rpc.BadRequest field violations in
 //	                    the `grpc-status-details-bin` trailer name each field.
 //	RESOURCE_EXHAUSTED  the server is overloaded (too many attempts in flight, model
-//	                    queues nearly full); the `retry-after-ms` trailer and a
+//	                    queues nearly full) or the caller's principal is over its rate
+//	                    limit or concurrency quota (every RPC of every service counts
+//	                    against the principal's rate); the `retry-after-ms` trailer and a
 //	                    google.rpc.RetryInfo say when to retry. Not recorded as an
 //	                    attempt: nothing reached the policy checks.
 //	UNAVAILABLE         the server is shutting down.
@@ -65,7 +68,8 @@ type RetrievalServiceClient interface {
 	// Status codes: OK, INVALID_ARGUMENT, UNAUTHENTICATED, RESOURCE_EXHAUSTED,
 	// DEADLINE_EXCEEDED, UNAVAILABLE, FAILED_PRECONDITION, PERMISSION_DENIED, CANCELLED.
 	Lookup(ctx context.Context, in *RetrieveRequest, opts ...grpc.CallOption) (*LookupResult, error)
-	// GetAttempt reads one recorded attempt from the ledger.
+	// GetAttempt reads one recorded attempt from the ledger. Another principal's attempt
+	// answers exactly like an unknown id (NOT_FOUND).
 	// Status codes: OK, INVALID_ARGUMENT (empty id), NOT_FOUND, UNAUTHENTICATED,
 	// UNAVAILABLE (the ledger store cannot be reached).
 	GetAttempt(ctx context.Context, in *GetAttemptRequest, opts ...grpc.CallOption) (*GetAttemptResponse, error)
@@ -145,11 +149,14 @@ func (c *retrievalServiceClient) BuildPlan(ctx context.Context, in *BuildPlanReq
 // Every RPC may also fail with these transport-level codes, mapped from domain errors by
 // one table (service/api/errors.py):
 //
-//	UNAUTHENTICATED     API keys are configured and the call has no valid `x-api-key`.
+//	UNAUTHENTICATED     auth is on (API keys or client certificates) and the call has
+//	                    neither a valid `x-api-key` nor a known client certificate.
 //	INVALID_ARGUMENT    a field is malformed; google.rpc.BadRequest field violations in
 //	                    the `grpc-status-details-bin` trailer name each field.
 //	RESOURCE_EXHAUSTED  the server is overloaded (too many attempts in flight, model
-//	                    queues nearly full); the `retry-after-ms` trailer and a
+//	                    queues nearly full) or the caller's principal is over its rate
+//	                    limit or concurrency quota (every RPC of every service counts
+//	                    against the principal's rate); the `retry-after-ms` trailer and a
 //	                    google.rpc.RetryInfo say when to retry. Not recorded as an
 //	                    attempt: nothing reached the policy checks.
 //	UNAVAILABLE         the server is shutting down.
@@ -176,7 +183,8 @@ type RetrievalServiceServer interface {
 	// Status codes: OK, INVALID_ARGUMENT, UNAUTHENTICATED, RESOURCE_EXHAUSTED,
 	// DEADLINE_EXCEEDED, UNAVAILABLE, FAILED_PRECONDITION, PERMISSION_DENIED, CANCELLED.
 	Lookup(context.Context, *RetrieveRequest) (*LookupResult, error)
-	// GetAttempt reads one recorded attempt from the ledger.
+	// GetAttempt reads one recorded attempt from the ledger. Another principal's attempt
+	// answers exactly like an unknown id (NOT_FOUND).
 	// Status codes: OK, INVALID_ARGUMENT (empty id), NOT_FOUND, UNAUTHENTICATED,
 	// UNAVAILABLE (the ledger store cannot be reached).
 	GetAttempt(context.Context, *GetAttemptRequest) (*GetAttemptResponse, error)

@@ -30,7 +30,8 @@ class CorpusServiceStub:
     """CorpusService writes and reads the knowledge base.
 
     Transport-level codes shared with RetrievalService: UNAUTHENTICATED (API keys
-    configured, none valid), RESOURCE_EXHAUSTED (overload; `retry-after-ms` trailer),
+    configured, none valid), RESOURCE_EXHAUSTED (overload, or the principal's rate limit
+    or concurrency quota; RetryInfo and a `retry-after-ms` trailer),
     UNAVAILABLE (shutting down).
     """
 
@@ -49,6 +50,21 @@ class CorpusServiceStub:
     written, are in IngestSummary.errors with an empty field), INVALID_ARGUMENT (the
     stream is empty), UNAVAILABLE (the server is shutting down), UNAUTHENTICATED.
     """
+    IngestStream: _grpc.StreamStreamMultiCallable[_corpus_pb2.IngestStreamRequest, _corpus_pb2.IngestStreamResponse]
+    """IngestStream is Ingest with acknowledgements. Each document the caller sends comes
+    back in exactly one IngestStreamResponse once it is committed (written and visible to
+    searches) or has failed, with its sequence number, its outcome and, on failure, the
+    field and message; several documents may share one response, in completion order.
+    Flow control: the server holds at most `max_in_flight` (reported in every response)
+    unacknowledged documents and stops reading the stream while it is at that bound, so
+    a fast caller cannot fill the server's memory. A document without an ack when the
+    stream breaks was not necessarily committed: send it again. Re-sending a committed
+    document is a no-op acknowledged as UNCHANGED (same source, version and content), so
+    re-running a whole file after a break indexes only what is missing.
+    Status codes: OK (per-document failures are in the acks), UNAVAILABLE (the server is
+    shutting down), RESOURCE_EXHAUSTED (the principal's rate or concurrency quota, with
+    RetryInfo), UNAUTHENTICATED.
+    """
     DeleteDocument: _grpc.UnaryUnaryMultiCallable[_corpus_pb2.DeleteDocumentRequest, _corpus_pb2.DeleteDocumentResponse]
     """DeleteDocument removes one version of a source, or every version.
     Status codes: OK, INVALID_ARGUMENT (empty source_id), NOT_FOUND, UNAVAILABLE.
@@ -56,7 +72,9 @@ class CorpusServiceStub:
     GetEvidence: _grpc.UnaryUnaryMultiCallable[_corpus_pb2.GetEvidenceRequest, _corpus_pb2.GetEvidenceResponse]
     """GetEvidence fetches the exact text of an evidence id (`source#chunk@version`). It
     never substitutes another version: when that version is gone the response says
-    fidelity is degraded and lists the versions that exist.
+    fidelity is degraded and lists the versions that exist. Only what the caller may
+    see counts: a document hidden by its ACL (and its versions) answers exactly like an
+    id that was never ingested.
     Status codes: OK, INVALID_ARGUMENT (malformed id), UNAVAILABLE.
     """
 
@@ -65,7 +83,8 @@ class CorpusServiceAsyncStub(CorpusServiceStub):
     """CorpusService writes and reads the knowledge base.
 
     Transport-level codes shared with RetrievalService: UNAUTHENTICATED (API keys
-    configured, none valid), RESOURCE_EXHAUSTED (overload; `retry-after-ms` trailer),
+    configured, none valid), RESOURCE_EXHAUSTED (overload, or the principal's rate limit
+    or concurrency quota; RetryInfo and a `retry-after-ms` trailer),
     UNAVAILABLE (shutting down).
     """
 
@@ -81,6 +100,21 @@ class CorpusServiceAsyncStub(CorpusServiceStub):
     written, are in IngestSummary.errors with an empty field), INVALID_ARGUMENT (the
     stream is empty), UNAVAILABLE (the server is shutting down), UNAUTHENTICATED.
     """
+    IngestStream: _aio.StreamStreamMultiCallable[_corpus_pb2.IngestStreamRequest, _corpus_pb2.IngestStreamResponse]  # type: ignore[assignment]
+    """IngestStream is Ingest with acknowledgements. Each document the caller sends comes
+    back in exactly one IngestStreamResponse once it is committed (written and visible to
+    searches) or has failed, with its sequence number, its outcome and, on failure, the
+    field and message; several documents may share one response, in completion order.
+    Flow control: the server holds at most `max_in_flight` (reported in every response)
+    unacknowledged documents and stops reading the stream while it is at that bound, so
+    a fast caller cannot fill the server's memory. A document without an ack when the
+    stream breaks was not necessarily committed: send it again. Re-sending a committed
+    document is a no-op acknowledged as UNCHANGED (same source, version and content), so
+    re-running a whole file after a break indexes only what is missing.
+    Status codes: OK (per-document failures are in the acks), UNAVAILABLE (the server is
+    shutting down), RESOURCE_EXHAUSTED (the principal's rate or concurrency quota, with
+    RetryInfo), UNAUTHENTICATED.
+    """
     DeleteDocument: _aio.UnaryUnaryMultiCallable[_corpus_pb2.DeleteDocumentRequest, _corpus_pb2.DeleteDocumentResponse]  # type: ignore[assignment]
     """DeleteDocument removes one version of a source, or every version.
     Status codes: OK, INVALID_ARGUMENT (empty source_id), NOT_FOUND, UNAVAILABLE.
@@ -88,7 +122,9 @@ class CorpusServiceAsyncStub(CorpusServiceStub):
     GetEvidence: _aio.UnaryUnaryMultiCallable[_corpus_pb2.GetEvidenceRequest, _corpus_pb2.GetEvidenceResponse]  # type: ignore[assignment]
     """GetEvidence fetches the exact text of an evidence id (`source#chunk@version`). It
     never substitutes another version: when that version is gone the response says
-    fidelity is degraded and lists the versions that exist.
+    fidelity is degraded and lists the versions that exist. Only what the caller may
+    see counts: a document hidden by its ACL (and its versions) answers exactly like an
+    id that was never ingested.
     Status codes: OK, INVALID_ARGUMENT (malformed id), UNAVAILABLE.
     """
 
@@ -96,7 +132,8 @@ class CorpusServiceServicer(metaclass=_abc_1.ABCMeta):
     """CorpusService writes and reads the knowledge base.
 
     Transport-level codes shared with RetrievalService: UNAUTHENTICATED (API keys
-    configured, none valid), RESOURCE_EXHAUSTED (overload; `retry-after-ms` trailer),
+    configured, none valid), RESOURCE_EXHAUSTED (overload, or the principal's rate limit
+    or concurrency quota; RetryInfo and a `retry-after-ms` trailer),
     UNAVAILABLE (shutting down).
     """
 
@@ -118,6 +155,27 @@ class CorpusServiceServicer(metaclass=_abc_1.ABCMeta):
         """
 
     @_abc_1.abstractmethod
+    def IngestStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_corpus_pb2.IngestStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_corpus_pb2.IngestStreamResponse], _abc.AsyncIterator[_corpus_pb2.IngestStreamResponse]]:
+        """IngestStream is Ingest with acknowledgements. Each document the caller sends comes
+        back in exactly one IngestStreamResponse once it is committed (written and visible to
+        searches) or has failed, with its sequence number, its outcome and, on failure, the
+        field and message; several documents may share one response, in completion order.
+        Flow control: the server holds at most `max_in_flight` (reported in every response)
+        unacknowledged documents and stops reading the stream while it is at that bound, so
+        a fast caller cannot fill the server's memory. A document without an ack when the
+        stream breaks was not necessarily committed: send it again. Re-sending a committed
+        document is a no-op acknowledged as UNCHANGED (same source, version and content), so
+        re-running a whole file after a break indexes only what is missing.
+        Status codes: OK (per-document failures are in the acks), UNAVAILABLE (the server is
+        shutting down), RESOURCE_EXHAUSTED (the principal's rate or concurrency quota, with
+        RetryInfo), UNAUTHENTICATED.
+        """
+
+    @_abc_1.abstractmethod
     def DeleteDocument(
         self,
         request: _corpus_pb2.DeleteDocumentRequest,
@@ -135,7 +193,9 @@ class CorpusServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_corpus_pb2.GetEvidenceResponse, _abc.Awaitable[_corpus_pb2.GetEvidenceResponse]]:
         """GetEvidence fetches the exact text of an evidence id (`source#chunk@version`). It
         never substitutes another version: when that version is gone the response says
-        fidelity is degraded and lists the versions that exist.
+        fidelity is degraded and lists the versions that exist. Only what the caller may
+        see counts: a document hidden by its ACL (and its versions) answers exactly like an
+        id that was never ingested.
         Status codes: OK, INVALID_ARGUMENT (malformed id), UNAVAILABLE.
         """
 

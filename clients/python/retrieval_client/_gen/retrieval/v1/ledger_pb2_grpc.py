@@ -35,6 +35,7 @@ class LedgerServiceStub:
 
     Transport-level codes shared with RetrievalService: UNAUTHENTICATED (API keys
     configured, none valid), INVALID_ARGUMENT (google.rpc.BadRequest names each field),
+    RESOURCE_EXHAUSTED (the principal's rate limit; RetryInfo and `retry-after-ms`),
     UNAVAILABLE (shutting down, or the ledger store cannot be reached).
     """
 
@@ -81,6 +82,7 @@ class LedgerServiceServicer:
 
     Transport-level codes shared with RetrievalService: UNAUTHENTICATED (API keys
     configured, none valid), INVALID_ARGUMENT (google.rpc.BadRequest names each field),
+    RESOURCE_EXHAUSTED (the principal's rate limit; RetryInfo and `retry-after-ms`),
     UNAVAILABLE (shutting down, or the ledger store cannot be reached).
     """
 
@@ -191,6 +193,7 @@ class LedgerService:
 
     Transport-level codes shared with RetrievalService: UNAUTHENTICATED (API keys
     configured, none valid), INVALID_ARGUMENT (google.rpc.BadRequest names each field),
+    RESOURCE_EXHAUSTED (the principal's rate limit; RetryInfo and `retry-after-ms`),
     UNAVAILABLE (shutting down, or the ledger store cannot be reached).
     """
 

@@ -36,6 +36,7 @@ class LedgerServiceStub:
 
     Transport-level codes shared with RetrievalService: UNAUTHENTICATED (API keys
     configured, none valid), INVALID_ARGUMENT (google.rpc.BadRequest names each field),
+    RESOURCE_EXHAUSTED (the principal's rate limit; RetryInfo and `retry-after-ms`),
     UNAVAILABLE (shutting down, or the ledger store cannot be reached).
     """
 
@@ -96,6 +97,7 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
 
     Transport-level codes shared with RetrievalService: UNAUTHENTICATED (API keys
     configured, none valid), INVALID_ARGUMENT (google.rpc.BadRequest names each field),
+    RESOURCE_EXHAUSTED (the principal's rate limit; RetryInfo and `retry-after-ms`),
     UNAVAILABLE (shutting down, or the ledger store cannot be reached).
     """
 
@@ -152,6 +154,7 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
 
     Transport-level codes shared with RetrievalService: UNAUTHENTICATED (API keys
     configured, none valid), INVALID_ARGUMENT (google.rpc.BadRequest names each field),
+    RESOURCE_EXHAUSTED (the principal's rate limit; RetryInfo and `retry-after-ms`),
     UNAVAILABLE (shutting down, or the ledger store cannot be reached).
     """
 

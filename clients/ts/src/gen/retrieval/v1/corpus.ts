@@ -10,9 +10,11 @@ import {
   type CallOptions,
   type ChannelCredentials,
   Client,
+  type ClientDuplexStream,
   type ClientOptions,
   type ClientUnaryCall,
   type ClientWritableStream,
+  type handleBidiStreamingCall,
   type handleClientStreamingCall,
   type handleUnaryCall,
   makeGenericClientConstructor,
@@ -33,6 +35,62 @@ import {
 export const protobufPackage = "retrieval.v1";
 
 export const protobufFileName = "retrieval/v1/corpus.proto";
+
+/** DocumentStatus is what happened to one acknowledged document. */
+export enum DocumentStatus {
+  DOCUMENT_STATUS_UNSPECIFIED = 0,
+  /** DOCUMENT_STATUS_INDEXED - Written (new or changed) and visible to searches. */
+  DOCUMENT_STATUS_INDEXED = 1,
+  /** DOCUMENT_STATUS_UNCHANGED - This source, version and content was already stored; nothing was written. */
+  DOCUMENT_STATUS_UNCHANGED = 2,
+  /** DOCUMENT_STATUS_INVALID - The document is invalid (see `field`); nothing was written. */
+  DOCUMENT_STATUS_INVALID = 3,
+  /** DOCUMENT_STATUS_FAILED - The engine or model runtime failed for it; it may be retried. */
+  DOCUMENT_STATUS_FAILED = 4,
+  UNRECOGNIZED = -1,
+}
+
+export function documentStatusFromJSON(object: any): DocumentStatus {
+  switch (object) {
+    case 0:
+    case "DOCUMENT_STATUS_UNSPECIFIED":
+      return DocumentStatus.DOCUMENT_STATUS_UNSPECIFIED;
+    case 1:
+    case "DOCUMENT_STATUS_INDEXED":
+      return DocumentStatus.DOCUMENT_STATUS_INDEXED;
+    case 2:
+    case "DOCUMENT_STATUS_UNCHANGED":
+      return DocumentStatus.DOCUMENT_STATUS_UNCHANGED;
+    case 3:
+    case "DOCUMENT_STATUS_INVALID":
+      return DocumentStatus.DOCUMENT_STATUS_INVALID;
+    case 4:
+    case "DOCUMENT_STATUS_FAILED":
+      return DocumentStatus.DOCUMENT_STATUS_FAILED;
+    case -1:
+    case "UNRECOGNIZED":
+    default:
+      return DocumentStatus.UNRECOGNIZED;
+  }
+}
+
+export function documentStatusToJSON(object: DocumentStatus): string {
+  switch (object) {
+    case DocumentStatus.DOCUMENT_STATUS_UNSPECIFIED:
+      return "DOCUMENT_STATUS_UNSPECIFIED";
+    case DocumentStatus.DOCUMENT_STATUS_INDEXED:
+      return "DOCUMENT_STATUS_INDEXED";
+    case DocumentStatus.DOCUMENT_STATUS_UNCHANGED:
+      return "DOCUMENT_STATUS_UNCHANGED";
+    case DocumentStatus.DOCUMENT_STATUS_INVALID:
+      return "DOCUMENT_STATUS_INVALID";
+    case DocumentStatus.DOCUMENT_STATUS_FAILED:
+      return "DOCUMENT_STATUS_FAILED";
+    case DocumentStatus.UNRECOGNIZED:
+    default:
+      return "UNRECOGNIZED";
+  }
+}
 
 /** Fidelity says whether the exact cited text is still there. */
 export enum Fidelity {
@@ -79,6 +137,40 @@ export function fidelityToJSON(object: Fidelity): string {
 /** IngestRequest carries one document. */
 export interface IngestRequest {
   document: Document | undefined;
+}
+
+/** IngestStreamRequest carries one document of an acknowledged ingest stream. */
+export interface IngestStreamRequest {
+  document:
+    | Document
+    | undefined;
+  /**
+   * The caller's id for this document, echoed in its ack (e.g. its line number in the
+   * file). 0: the server numbers documents by their 0-based position in the stream.
+   */
+  sequence: number;
+}
+
+/** IngestStreamResponse acknowledges documents that are done. */
+export interface IngestStreamResponse {
+  acks: DocumentAck[];
+  /** Documents acknowledged so far on this stream, this response included. */
+  acknowledgedTotal: number;
+  /** The server's bound on unacknowledged documents for this stream. */
+  maxInFlight: number;
+}
+
+/** DocumentAck is the final word on one document of an IngestStream. */
+export interface DocumentAck {
+  /** The request's sequence (or its 0-based position when that was 0). */
+  sequence: number;
+  sourceId: string;
+  version: string;
+  status: DocumentStatus;
+  chunks: number;
+  /** For INVALID: the offending field, e.g. "document.text". */
+  field: string;
+  message: string;
 }
 
 /** Document is one version of one source. */
@@ -225,6 +317,371 @@ export const IngestRequest: MessageFns<IngestRequest> = {
     message.document = (object.document !== undefined && object.document !== null)
       ? Document.fromPartial(object.document)
       : undefined;
+    return message;
+  },
+};
+
+function createBaseIngestStreamRequest(): IngestStreamRequest {
+  return { document: undefined, sequence: 0 };
+}
+
+export const IngestStreamRequest: MessageFns<IngestStreamRequest> = {
+  encode(message: IngestStreamRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.document !== undefined) {
+      Document.encode(message.document, writer.uint32(10).fork()).join();
+    }
+    if (message.sequence !== 0) {
+      writer.uint32(16).uint64(message.sequence);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): IngestStreamRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseIngestStreamRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.document = Document.decode(reader, reader.uint32());
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.sequence = longToNumber(reader.uint64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): IngestStreamRequest {
+    return {
+      document: isSet(object.document) ? Document.fromJSON(object.document) : undefined,
+      sequence: isSet(object.sequence) ? globalThis.Number(object.sequence) : 0,
+    };
+  },
+
+  toJSON(message: IngestStreamRequest): unknown {
+    const obj: any = {};
+    if (message.document !== undefined) {
+      obj.document = Document.toJSON(message.document);
+    }
+    if (message.sequence !== 0) {
+      obj.sequence = Math.round(message.sequence);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<IngestStreamRequest>, I>>(base?: I): IngestStreamRequest {
+    return IngestStreamRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<IngestStreamRequest>, I>>(object: I): IngestStreamRequest {
+    const message = createBaseIngestStreamRequest();
+    message.document = (object.document !== undefined && object.document !== null)
+      ? Document.fromPartial(object.document)
+      : undefined;
+    message.sequence = object.sequence ?? 0;
+    return message;
+  },
+};
+
+function createBaseIngestStreamResponse(): IngestStreamResponse {
+  return { acks: [], acknowledgedTotal: 0, maxInFlight: 0 };
+}
+
+export const IngestStreamResponse: MessageFns<IngestStreamResponse> = {
+  encode(message: IngestStreamResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.acks) {
+      DocumentAck.encode(v!, writer.uint32(10).fork()).join();
+    }
+    if (message.acknowledgedTotal !== 0) {
+      writer.uint32(16).uint64(message.acknowledgedTotal);
+    }
+    if (message.maxInFlight !== 0) {
+      writer.uint32(24).uint32(message.maxInFlight);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): IngestStreamResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseIngestStreamResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.acks.push(DocumentAck.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.acknowledgedTotal = longToNumber(reader.uint64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.maxInFlight = reader.uint32();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): IngestStreamResponse {
+    return {
+      acks: globalThis.Array.isArray(object?.acks) ? object.acks.map((e: any) => DocumentAck.fromJSON(e)) : [],
+      acknowledgedTotal: isSet(object.acknowledgedTotal)
+        ? globalThis.Number(object.acknowledgedTotal)
+        : isSet(object.acknowledged_total)
+        ? globalThis.Number(object.acknowledged_total)
+        : 0,
+      maxInFlight: isSet(object.maxInFlight)
+        ? globalThis.Number(object.maxInFlight)
+        : isSet(object.max_in_flight)
+        ? globalThis.Number(object.max_in_flight)
+        : 0,
+    };
+  },
+
+  toJSON(message: IngestStreamResponse): unknown {
+    const obj: any = {};
+    if (message.acks?.length) {
+      obj.acks = message.acks.map((e) => DocumentAck.toJSON(e));
+    }
+    if (message.acknowledgedTotal !== 0) {
+      obj.acknowledgedTotal = Math.round(message.acknowledgedTotal);
+    }
+    if (message.maxInFlight !== 0) {
+      obj.maxInFlight = Math.round(message.maxInFlight);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<IngestStreamResponse>, I>>(base?: I): IngestStreamResponse {
+    return IngestStreamResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<IngestStreamResponse>, I>>(object: I): IngestStreamResponse {
+    const message = createBaseIngestStreamResponse();
+    message.acks = object.acks?.map((e) => DocumentAck.fromPartial(e)) || [];
+    message.acknowledgedTotal = object.acknowledgedTotal ?? 0;
+    message.maxInFlight = object.maxInFlight ?? 0;
+    return message;
+  },
+};
+
+function createBaseDocumentAck(): DocumentAck {
+  return { sequence: 0, sourceId: "", version: "", status: 0, chunks: 0, field: "", message: "" };
+}
+
+export const DocumentAck: MessageFns<DocumentAck> = {
+  encode(message: DocumentAck, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.sequence !== 0) {
+      writer.uint32(8).uint64(message.sequence);
+    }
+    if (message.sourceId !== "") {
+      writer.uint32(18).string(message.sourceId);
+    }
+    if (message.version !== "") {
+      writer.uint32(26).string(message.version);
+    }
+    if (message.status !== 0) {
+      writer.uint32(32).int32(message.status);
+    }
+    if (message.chunks !== 0) {
+      writer.uint32(40).uint32(message.chunks);
+    }
+    if (message.field !== "") {
+      writer.uint32(50).string(message.field);
+    }
+    if (message.message !== "") {
+      writer.uint32(58).string(message.message);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): DocumentAck {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseDocumentAck();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.sequence = longToNumber(reader.uint64());
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.sourceId = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.version = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.status = reader.int32() as any;
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.chunks = reader.uint32();
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.field = reader.string();
+            continue;
+          }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.message = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): DocumentAck {
+    return {
+      sequence: isSet(object.sequence) ? globalThis.Number(object.sequence) : 0,
+      sourceId: isSet(object.sourceId)
+        ? globalThis.String(object.sourceId)
+        : isSet(object.source_id)
+        ? globalThis.String(object.source_id)
+        : "",
+      version: isSet(object.version) ? globalThis.String(object.version) : "",
+      status: isSet(object.status) ? documentStatusFromJSON(object.status) : 0,
+      chunks: isSet(object.chunks) ? globalThis.Number(object.chunks) : 0,
+      field: isSet(object.field) ? globalThis.String(object.field) : "",
+      message: isSet(object.message) ? globalThis.String(object.message) : "",
+    };
+  },
+
+  toJSON(message: DocumentAck): unknown {
+    const obj: any = {};
+    if (message.sequence !== 0) {
+      obj.sequence = Math.round(message.sequence);
+    }
+    if (message.sourceId !== "") {
+      obj.sourceId = message.sourceId;
+    }
+    if (message.version !== "") {
+      obj.version = message.version;
+    }
+    if (message.status !== 0) {
+      obj.status = documentStatusToJSON(message.status);
+    }
+    if (message.chunks !== 0) {
+      obj.chunks = Math.round(message.chunks);
+    }
+    if (message.field !== "") {
+      obj.field = message.field;
+    }
+    if (message.message !== "") {
+      obj.message = message.message;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<DocumentAck>, I>>(base?: I): DocumentAck {
+    return DocumentAck.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<DocumentAck>, I>>(object: I): DocumentAck {
+    const message = createBaseDocumentAck();
+    message.sequence = object.sequence ?? 0;
+    message.sourceId = object.sourceId ?? "";
+    message.version = object.version ?? "";
+    message.status = object.status ?? 0;
+    message.chunks = object.chunks ?? 0;
+    message.field = object.field ?? "";
+    message.message = object.message ?? "";
     return message;
   },
 };
@@ -1253,7 +1710,8 @@ export const GetEvidenceResponse: MessageFns<GetEvidenceResponse> = {
  * CorpusService writes and reads the knowledge base.
  *
  * Transport-level codes shared with RetrievalService: UNAUTHENTICATED (API keys
- * configured, none valid), RESOURCE_EXHAUSTED (overload; `retry-after-ms` trailer),
+ * configured, none valid), RESOURCE_EXHAUSTED (overload, or the principal's rate limit
+ * or concurrency quota; RetryInfo and a `retry-after-ms` trailer),
  * UNAVAILABLE (shutting down).
  */
 export type CorpusServiceService = typeof CorpusServiceService;
@@ -1279,6 +1737,31 @@ export const CorpusServiceService = {
     responseDeserialize: (value: Buffer): IngestSummary => IngestSummary.decode(value),
   },
   /**
+   * IngestStream is Ingest with acknowledgements. Each document the caller sends comes
+   * back in exactly one IngestStreamResponse once it is committed (written and visible to
+   * searches) or has failed, with its sequence number, its outcome and, on failure, the
+   * field and message; several documents may share one response, in completion order.
+   * Flow control: the server holds at most `max_in_flight` (reported in every response)
+   * unacknowledged documents and stops reading the stream while it is at that bound, so
+   * a fast caller cannot fill the server's memory. A document without an ack when the
+   * stream breaks was not necessarily committed: send it again. Re-sending a committed
+   * document is a no-op acknowledged as UNCHANGED (same source, version and content), so
+   * re-running a whole file after a break indexes only what is missing.
+   * Status codes: OK (per-document failures are in the acks), UNAVAILABLE (the server is
+   * shutting down), RESOURCE_EXHAUSTED (the principal's rate or concurrency quota, with
+   * RetryInfo), UNAUTHENTICATED.
+   */
+  ingestStream: {
+    path: "/retrieval.v1.CorpusService/IngestStream" as const,
+    requestStream: true as const,
+    responseStream: true as const,
+    requestSerialize: (value: IngestStreamRequest): Buffer => Buffer.from(IngestStreamRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): IngestStreamRequest => IngestStreamRequest.decode(value),
+    responseSerialize: (value: IngestStreamResponse): Buffer =>
+      Buffer.from(IngestStreamResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): IngestStreamResponse => IngestStreamResponse.decode(value),
+  },
+  /**
    * DeleteDocument removes one version of a source, or every version.
    * Status codes: OK, INVALID_ARGUMENT (empty source_id), NOT_FOUND, UNAVAILABLE.
    */
@@ -1296,7 +1779,9 @@ export const CorpusServiceService = {
   /**
    * GetEvidence fetches the exact text of an evidence id (`source#chunk@version`). It
    * never substitutes another version: when that version is gone the response says
-   * fidelity is degraded and lists the versions that exist.
+   * fidelity is degraded and lists the versions that exist. Only what the caller may
+   * see counts: a document hidden by its ACL (and its versions) answers exactly like an
+   * id that was never ingested.
    * Status codes: OK, INVALID_ARGUMENT (malformed id), UNAVAILABLE.
    */
   getEvidence: {
@@ -1324,6 +1809,22 @@ export interface CorpusServiceServer extends UntypedServiceImplementation {
    */
   ingest: handleClientStreamingCall<IngestRequest, IngestSummary>;
   /**
+   * IngestStream is Ingest with acknowledgements. Each document the caller sends comes
+   * back in exactly one IngestStreamResponse once it is committed (written and visible to
+   * searches) or has failed, with its sequence number, its outcome and, on failure, the
+   * field and message; several documents may share one response, in completion order.
+   * Flow control: the server holds at most `max_in_flight` (reported in every response)
+   * unacknowledged documents and stops reading the stream while it is at that bound, so
+   * a fast caller cannot fill the server's memory. A document without an ack when the
+   * stream breaks was not necessarily committed: send it again. Re-sending a committed
+   * document is a no-op acknowledged as UNCHANGED (same source, version and content), so
+   * re-running a whole file after a break indexes only what is missing.
+   * Status codes: OK (per-document failures are in the acks), UNAVAILABLE (the server is
+   * shutting down), RESOURCE_EXHAUSTED (the principal's rate or concurrency quota, with
+   * RetryInfo), UNAUTHENTICATED.
+   */
+  ingestStream: handleBidiStreamingCall<IngestStreamRequest, IngestStreamResponse>;
+  /**
    * DeleteDocument removes one version of a source, or every version.
    * Status codes: OK, INVALID_ARGUMENT (empty source_id), NOT_FOUND, UNAVAILABLE.
    */
@@ -1331,7 +1832,9 @@ export interface CorpusServiceServer extends UntypedServiceImplementation {
   /**
    * GetEvidence fetches the exact text of an evidence id (`source#chunk@version`). It
    * never substitutes another version: when that version is gone the response says
-   * fidelity is degraded and lists the versions that exist.
+   * fidelity is degraded and lists the versions that exist. Only what the caller may
+   * see counts: a document hidden by its ACL (and its versions) answers exactly like an
+   * id that was never ingested.
    * Status codes: OK, INVALID_ARGUMENT (malformed id), UNAVAILABLE.
    */
   getEvidence: handleUnaryCall<GetEvidenceRequest, GetEvidenceResponse>;
@@ -1364,6 +1867,27 @@ export interface CorpusServiceClient extends Client {
     callback: (error: ServiceError | null, response: IngestSummary) => void,
   ): ClientWritableStream<IngestRequest>;
   /**
+   * IngestStream is Ingest with acknowledgements. Each document the caller sends comes
+   * back in exactly one IngestStreamResponse once it is committed (written and visible to
+   * searches) or has failed, with its sequence number, its outcome and, on failure, the
+   * field and message; several documents may share one response, in completion order.
+   * Flow control: the server holds at most `max_in_flight` (reported in every response)
+   * unacknowledged documents and stops reading the stream while it is at that bound, so
+   * a fast caller cannot fill the server's memory. A document without an ack when the
+   * stream breaks was not necessarily committed: send it again. Re-sending a committed
+   * document is a no-op acknowledged as UNCHANGED (same source, version and content), so
+   * re-running a whole file after a break indexes only what is missing.
+   * Status codes: OK (per-document failures are in the acks), UNAVAILABLE (the server is
+   * shutting down), RESOURCE_EXHAUSTED (the principal's rate or concurrency quota, with
+   * RetryInfo), UNAUTHENTICATED.
+   */
+  ingestStream(): ClientDuplexStream<IngestStreamRequest, IngestStreamResponse>;
+  ingestStream(options: Partial<CallOptions>): ClientDuplexStream<IngestStreamRequest, IngestStreamResponse>;
+  ingestStream(
+    metadata: Metadata,
+    options?: Partial<CallOptions>,
+  ): ClientDuplexStream<IngestStreamRequest, IngestStreamResponse>;
+  /**
    * DeleteDocument removes one version of a source, or every version.
    * Status codes: OK, INVALID_ARGUMENT (empty source_id), NOT_FOUND, UNAVAILABLE.
    */
@@ -1385,7 +1909,9 @@ export interface CorpusServiceClient extends Client {
   /**
    * GetEvidence fetches the exact text of an evidence id (`source#chunk@version`). It
    * never substitutes another version: when that version is gone the response says
-   * fidelity is degraded and lists the versions that exist.
+   * fidelity is degraded and lists the versions that exist. Only what the caller may
+   * see counts: a document hidden by its ACL (and its versions) answers exactly like an
+   * id that was never ingested.
    * Status codes: OK, INVALID_ARGUMENT (malformed id), UNAVAILABLE.
    */
   getEvidence(
@@ -1430,6 +1956,17 @@ export type DeepPartial<T> = T extends Builtin ? T
 type KeysOfUnion<T> = T extends T ? keyof T : never;
 export type Exact<P, I extends P> = P extends Builtin ? P
   : P & { [K in keyof P]: Exact<P[K], I[K]> } & { [K in Exclude<keyof I, KeysOfUnion<P>>]: never };
+
+function longToNumber(int64: { toString(): string }): number {
+  const num = globalThis.Number(int64.toString());
+  if (num > globalThis.Number.MAX_SAFE_INTEGER) {
+    throw new globalThis.Error("Value is larger than Number.MAX_SAFE_INTEGER");
+  }
+  if (num < globalThis.Number.MIN_SAFE_INTEGER) {
+    throw new globalThis.Error("Value is smaller than Number.MIN_SAFE_INTEGER");
+  }
+  return num;
+}
 
 function isObject(value: any): boolean {
   return typeof value === "object" && value !== null;

@@ -3188,6 +3188,7 @@ export const PurgeRunResponse: MessageFns<PurgeRunResponse> = {
  *
  * Transport-level codes shared with RetrievalService: UNAUTHENTICATED (API keys
  * configured, none valid), INVALID_ARGUMENT (google.rpc.BadRequest names each field),
+ * RESOURCE_EXHAUSTED (the principal's rate limit; RetryInfo and `retry-after-ms`),
  * UNAVAILABLE (shutting down, or the ledger store cannot be reached).
  */
 export type LedgerServiceService = typeof LedgerServiceService;
