@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -61,8 +60,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         Path(args.config) if args.config else None, listen=args.listen, data_dir=args.data_dir,
         opensearch_url=args.opensearch_url, embedding_model=args.embedding_model,
         reranker_model=args.reranker_model, api_keys_file=args.api_keys, plan_rules_file=args.plan_rules,
+        metrics_listen=args.metrics_listen, otlp_endpoint=args.otlp_endpoint, log_json=args.log_json or None,
     )
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from service.observability.logs import configure_logging
+
+    configure_logging(cfg.log_json)
     from service.planning.rules import RulesError
 
     try:
@@ -309,6 +311,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--config", default=None, help="TOML config file")
     s.add_argument("--plan-rules", default=None, help="TOML plan rules merged over the shipped ones")
     s.add_argument("--demo", action="store_true", help="ingest the demo corpus once serving")
+    s.add_argument("--metrics-listen", default=None, help="HOST:PORT for Prometheus /metrics (default: off)")
+    s.add_argument("--otlp-endpoint", default=None, help="OTLP/HTTP collector for traces, e.g. http://127.0.0.1:4318 "
+                                                         "(default: off)")
+    s.add_argument("--log-json", action="store_true", help="JSON log lines with the attempt id")
     s.set_defaults(fn=cmd_serve)
 
     i = sub.add_parser("ingest", help="stream a JSONL file of documents into the server")

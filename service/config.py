@@ -98,6 +98,13 @@ class Config:
     # Auth: a TOML file of API keys -> principal and groups. Empty: auth off, every
     # caller is "anonymous" and sees public documents only.
     api_keys_file: str = ""
+    # Observability (README "Observability"). metrics_listen: HOST:PORT of the Prometheus
+    # /metrics endpoint ("" = off). otlp_endpoint: an OTLP/HTTP collector base URL for
+    # traces, e.g. http://127.0.0.1:4318 ("" = no traces). log_json: JSON log lines.
+    metrics_listen: str = ""
+    otlp_endpoint: str = ""
+    trace_service_name: str = "retrieval-service"
+    log_json: bool = False
     # Ingest.
     chunk_chars: int = 500
     parent_chars: int = 2000

@@ -53,6 +53,7 @@ class Server:
             (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
              reflection.SERVICE_NAME), self.grpc)
         self.port = 0
+        self.metrics_port = 0  # the /metrics port once started with metrics_listen
         self._watch: asyncio.Task[None] | None = None
 
     async def _set_health(self, serving: bool) -> None:
@@ -76,6 +77,9 @@ class Server:
         await self._set_health(False)
         await self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         await self.grpc.start()
+        self.app.metrics.start_lag_probe()
+        if self.app.cfg.metrics_listen:
+            self.metrics_port = self.app.metrics.serve(self.app.cfg.metrics_listen)
         await self.app.start()
         self._watch = asyncio.get_running_loop().create_task(self._watch_engine())
         return self.port
@@ -90,6 +94,7 @@ class Server:
                 await self._watch
         await self.grpc.stop(grace_s)
         await self.app.close()
+        await self.app.metrics.close()
 
 
 async def serve(

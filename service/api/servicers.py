@@ -41,9 +41,19 @@ class Admission:
         if self.draining:
             raise ShuttingDown("server is shutting down")
         if self.inflight >= self.app.cfg.max_inflight_attempts:
+            self.app.metrics.shed.labels("inflight_limit").inc()
             raise Overloaded(f"{self.inflight} attempts in flight (limit {self.app.cfg.max_inflight_attempts})", 0.25)
         if self.app.runtime.overloaded():
+            self.app.metrics.shed.labels("model_queue").inc()
             raise Overloaded("model queues are nearly full", 0.25)
+
+    def enter(self) -> None:
+        self.inflight += 1
+        self.app.metrics.inflight.inc()
+
+    def leave(self) -> None:
+        self.inflight -= 1
+        self.app.metrics.inflight.dec()
 
 
 def _deadline(context: Context, default_s: float) -> float:
@@ -86,7 +96,7 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         except DomainError as exc:
             await abort_with(context, exc)
             return
-        self.admission.inflight += 1
+        self.admission.enter()
         try:
             async for event in self.app.runner.run(req, principal, _deadline(context, self.app.cfg.default_deadline_s)):
                 if isinstance(event, LegEvent):
@@ -97,7 +107,7 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
                     context.set_trailing_metadata(_trailers(event.result))
                     yield retrieval_pb2.RetrieveEvent(result=convert.result_to_pb(event.result))
         finally:
-            self.admission.inflight -= 1
+            self.admission.leave()
 
     async def Lookup(  # noqa: N802
         self, request: retrieval_pb2.RetrieveRequest, context: Context
@@ -107,7 +117,7 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         except DomainError as exc:
             await abort_with(context, exc)
             raise AssertionError("unreachable")  # abort raises
-        self.admission.inflight += 1
+        self.admission.enter()
         evidence: list[EvidenceOut] = []
         result: AttemptResultOut | None = None
         try:
@@ -117,7 +127,7 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
                 elif isinstance(event, ResultEvent):
                     result = event.result
         finally:
-            self.admission.inflight -= 1
+            self.admission.leave()
         assert result is not None
         trailers = _trailers(result)
         error = LOOKUP_OUTCOME_ERRORS.get(result.outcome)
@@ -217,6 +227,7 @@ class CorpusServicer(corpus_pb2_grpc.CorpusServiceServicer):
             await abort_with(context, InvalidArgument.one("document", "the stream carried no documents"))
         summary = corpus_pb2.IngestSummary(documents_received=len(docs))
         for i, (doc, out) in enumerate(zip(docs, outcomes)):
+            self.app.metrics.ingested(out.status, out.chunks if out.status == "indexed" else 0)
             if out.status == "indexed":
                 summary.documents_indexed += 1
                 summary.chunks_indexed += out.chunks

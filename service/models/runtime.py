@@ -16,12 +16,15 @@ import concurrent.futures
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import numpy as np
 
 from service.errors import DeadlineExceeded, Overloaded
 from service.models.base import CrossEncoderBackend, EmbeddingBackend, FloatArray, ModelInfo
+
+if TYPE_CHECKING:
+    from service.observability.metrics import ServiceMetrics
 
 In = TypeVar("In")
 Out = TypeVar("Out")
@@ -68,8 +71,10 @@ class MicroBatcher(Generic[In, Out]):
         max_wait_s: float,
         max_queue: int,
         concurrency: int,
+        metrics: ServiceMetrics | None = None,
     ) -> None:
         self.name = name
+        self._metrics = metrics
         self._fn = fn
         self._executor = executor
         self._max_batch = max_batch
@@ -81,6 +86,13 @@ class MicroBatcher(Generic[In, Out]):
         self._running: set[asyncio.Task[None]] = set()
         self.batches_run = 0
         self.items_dropped = 0
+        if metrics is not None:
+            metrics.watch_queue(name, lambda: float(self._queue.qsize()))
+
+    def _dropped(self, reason: str, items: int) -> None:
+        self.items_dropped += items
+        if self._metrics is not None:
+            self._metrics.dropped(self.name, reason, items)
 
     def start(self) -> None:
         if self._task is None:
@@ -115,6 +127,8 @@ class MicroBatcher(Generic[In, Out]):
         try:
             self._queue.put_nowait(request)
         except asyncio.QueueFull:
+            if self._metrics is not None:
+                self._metrics.dropped(self.name, "queue_full", len(items))
             raise Overloaded(f"{self.name} queue is full ({self.capacity})", retry_after_s=0.2)
         try:
             # On timeout wait_for cancels the future, so a worker that picks the request
@@ -160,9 +174,9 @@ class MicroBatcher(Generic[In, Out]):
         live = []
         for request in batch:
             if request.future.done():  # caller cancelled or timed out
-                self.items_dropped += len(request.items)
+                self._dropped("abandoned", len(request.items))
             elif request.deadline <= now:
-                self.items_dropped += len(request.items)
+                self._dropped("deadline", len(request.items))
                 request.future.set_exception(
                     DeadlineExceeded(f"{self.name}: dropped from queue, deadline passed")
                 )
@@ -193,9 +207,11 @@ class MicroBatcher(Generic[In, Out]):
             self.batches_run += 1
             offset = 0
             n = sum(len(r.items) for r in admitted)
+            if self._metrics is not None and admitted:
+                self._metrics.batch_ran(self.name, n, [started - r.enqueued for r in admitted], tok_s, inf_s)
             for request in live:
                 if request not in admitted:
-                    self.items_dropped += len(request.items)
+                    self._dropped("abandoned" if request.future.done() else "deadline", len(request.items))
                     if not request.future.done():
                         request.future.set_exception(
                             DeadlineExceeded(f"{self.name}: deadline passed while queued")
@@ -262,13 +278,14 @@ class ModelRuntime:
         max_batch: int = 16,
         max_wait_ms: float = 2.0,
         max_queue: int = 256,
+        metrics: ServiceMetrics | None = None,
     ) -> None:
         self.embedder = embedder
         self.reranker = reranker
         self.executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=workers, thread_name_prefix="model"
         )
-        common = dict(max_wait_s=max_wait_ms / 1000, max_queue=max_queue, concurrency=workers)
+        common = dict(max_wait_s=max_wait_ms / 1000, max_queue=max_queue, concurrency=workers, metrics=metrics)
         self._queries: MicroBatcher[str, FloatArray] = MicroBatcher(
             "embed-query", _timed_embed(embedder, "query"), self.executor,
             max_batch=max(max_batch, 32), **common,  # type: ignore[arg-type]
