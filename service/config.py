@@ -36,6 +36,11 @@ class Config:
     max_batch_size: int = 16
     max_batch_wait_ms: float = 2.0
     max_queue: int = 256  # items waiting per model before RESOURCE_EXHAUSTED
+    # Query embeddings kept (LRU, keyed by model hash + normalised query); 0 = off.
+    query_cache_size: int = 4096
+    # Threads for ingest's passage embedding, a pool apart from query-time model work
+    # (0 = share the query pool).
+    ingest_model_workers: int = 1
     engine_workers: int = 1  # embedded engine executor threads
     # Request limits.
     max_top_k: int = 50

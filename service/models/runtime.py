@@ -22,6 +22,7 @@ import numpy as np
 
 from service.errors import DeadlineExceeded, Overloaded
 from service.models.base import CrossEncoderBackend, EmbeddingBackend, FloatArray, ModelInfo
+from service.models.query_cache import QueryEmbeddingCache
 
 if TYPE_CHECKING:
     from service.observability.metrics import ServiceMetrics
@@ -279,20 +280,30 @@ class ModelRuntime:
         max_wait_ms: float = 2.0,
         max_queue: int = 256,
         metrics: ServiceMetrics | None = None,
+        query_cache_size: int = 0,
+        ingest_workers: int = 0,
     ) -> None:
         self.embedder = embedder
         self.reranker = reranker
+        self._metrics = metrics
+        # Query-time model work (query embeddings, rerank) has its own pool, and ingest's
+        # passage batches another (``ingest_workers`` threads; 0 = share the query pool, the
+        # old behaviour): a query batch never waits in an executor queue behind a passage
+        # batch, whatever an ingest is doing. The OS still shares the cores between them.
         self.executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=workers, thread_name_prefix="model"
         )
+        self.ingest_executor = self.executor if ingest_workers <= 0 else concurrent.futures.ThreadPoolExecutor(
+            max_workers=ingest_workers, thread_name_prefix="ingest-model")
+        self.query_cache = QueryEmbeddingCache(query_cache_size, embedder.info.sha256)
         common = dict(max_wait_s=max_wait_ms / 1000, max_queue=max_queue, concurrency=workers, metrics=metrics)
         self._queries: MicroBatcher[str, FloatArray] = MicroBatcher(
             "embed-query", _timed_embed(embedder, "query"), self.executor,
             max_batch=max(max_batch, 32), **common,  # type: ignore[arg-type]
         )
         self._passages: MicroBatcher[str, FloatArray] = MicroBatcher(
-            "embed-passage", _timed_embed(embedder, "passage"), self.executor,
-            max_batch=max_batch, **common,  # type: ignore[arg-type]
+            "embed-passage", _timed_embed(embedder, "passage"), self.ingest_executor,
+            max_batch=max_batch, **{**common, "concurrency": ingest_workers or workers},  # type: ignore[arg-type]
         )
         self._rerank: MicroBatcher[tuple[str, str], float] | None = None
         if reranker is not None:
@@ -324,13 +335,21 @@ class ModelRuntime:
         for batcher in self._batchers:
             await batcher.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
+        if self.ingest_executor is not self.executor:
+            self.ingest_executor.shutdown(wait=False, cancel_futures=True)
 
     def overloaded(self) -> bool:
         """Explicit overload check: any queue past 90% of its bound."""
         return any(b.depth >= 0.9 * b.capacity for b in self._batchers)
 
     async def embed_query(self, text: str, deadline: float) -> tuple[FloatArray, Timing]:
+        cached = self.query_cache.get(text)
+        if self._metrics is not None and self.query_cache.size:
+            self._metrics.query_cache.labels("hit" if cached is not None else "miss").inc()
+        if cached is not None:
+            return cached, Timing()
         vectors, timing = await self._queries.submit([text], deadline)
+        self.query_cache.put(text, vectors[0])
         return vectors[0], timing
 
     async def embed_passages(

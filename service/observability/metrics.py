@@ -67,6 +67,9 @@ class ServiceMetrics:
         self.model_dropped = Counter(
             "retrieval_model_dropped_items", "Items a model never ran: caller gone, deadline passed or queue full",
             ["model", "reason"], registry=r)
+        self.query_cache = Counter(
+            "retrieval_query_embedding_cache", "Query embedding cache lookups, by result (hit, miss)",
+            ["result"], registry=r)
         self.loop_lag = Histogram(
             "retrieval_event_loop_lag_seconds", "How late the event loop woke a timer (sampled every 50 ms)",
             buckets=LAG_BUCKETS, registry=r)

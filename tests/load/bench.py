@@ -251,13 +251,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     port, mport, bport = free_port(), free_port(), free_port()
     ours_argv = [sys.executable, "-m", "tests.load.serve_ours", "--listen", f"127.0.0.1:{port}",
                  "--metrics-listen", f"127.0.0.1:{mport}", "--data-dir", str(work / "data")]
-    if args.config:
-        ours_argv += ["--config", args.config]
+    config = work / "ours.toml"
+    # The query embedding cache is off unless asked for: the load repeats a fixed question
+    # set, which a cache would answer from memory after the first pass.
+    config.write_text((Path(args.config).read_text() if args.config else "")
+                      + ("" if args.query_cache else "\nquery_cache_size = 0\n"))
+    ours_argv += ["--config", str(config)]
     levels = [int(c) for c in args.concurrency.split(",")]
     queries = list(qrels)
     report: dict[str, Any] = {"corpus": corpus, "passages": len(docs), "questions": len(qrels), "cores": os.cpu_count(),
                               "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "modes": {},
-                              "argv": sys.argv[1:]}
+                              "argv": sys.argv[1:], "query_cache": args.query_cache}
     print(f"corpus {corpus}: {len(docs)} documents, {len(qrels)} questions; out {out}", flush=True)
     ours = Proc(ours_argv, "serving on", work / "ours.log")
     base = None
@@ -314,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--corpus-sample", type=int, default=5000, help="answers kept (0: all 27,413)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--config", default="", help="TOML config for our server")
+    p.add_argument("--query-cache", action="store_true", help="keep our query embedding cache on (default: off)")
     args = p.parse_args(argv)
     asyncio.run(run(args))
     return 0

@@ -28,6 +28,7 @@ def exercised() -> ServiceMetrics:
     m.batch_ran("embed-query", 4, [0.001, 0.002], 0.001, 0.004)
     m.dropped("rerank", "deadline", 2)
     m.loop_lag.observe(0.001)
+    m.query_cache.labels("hit").inc()
     m.ingested("indexed", 5)
     m.ingested("invalid", 0)
     return m
