@@ -119,6 +119,16 @@ def lag_p99_ms(before: Samples, after: Samples) -> float:
     return 0.0
 
 
+def _delta(before: Samples, after: Samples, name: str, label: str) -> dict[str, float]:
+    """Per-label increase of a counter summed over its other labels."""
+    out: dict[str, float] = {}
+    for (n, labels), v in after.items():
+        if n == name:
+            key = dict(labels)[label]
+            out[key] = out.get(key, 0.0) + v - before.get((n, labels), 0.0)
+    return out
+
+
 def outcome_delta(before: Samples, after: Samples) -> dict[str, int]:
     b, a = by_label(before, "retrieval_attempts_total", "outcome"), by_label(after, "retrieval_attempts_total", "outcome")
     return {k: int(v - b.get(k, 0.0)) for k, v in a.items() if v - b.get(k, 0.0)}
@@ -159,10 +169,10 @@ async def load_runs(name: str, proc: Proc, target: str, queries: list[str], rera
 
 
 async def overload(proc: Proc, target: str, queries: list[str], rerank: bool, sustainable: float,
-                   duration: float, metrics_url: str) -> list[dict[str, Any]]:
+                   duration: float, metrics_url: str, timeout_s: float) -> list[dict[str, Any]]:
     rows = []
     async with grpc.aio.insecure_channel(target) as channel:
-        call = grpc_call(channel, "retrieve", rerank=rerank, timeout_s=10)
+        call = grpc_call(channel, "retrieve", rerank=rerank, timeout_s=timeout_s)
         for factor in (0.5, 2.0):
             before = await asyncio.to_thread(scrape, metrics_url)
             cpu0 = proc.cpu_s()
@@ -170,6 +180,9 @@ async def overload(proc: Proc, target: str, queries: list[str], rerank: bool, su
             stats.cpu_s = proc.cpu_s() - cpu0
             after = await asyncio.to_thread(scrape, metrics_url)
             row = stats.summary()
+            dropped = {k: int(v) for k, v in _delta(before, after, "retrieval_model_dropped_items_total", "reason").items() if v}
+            ran = int(sum(_delta(before, after, "retrieval_model_batch_size_sum", "model").values()))
+            row.update(model_items_run=ran, model_items_dropped=dropped)
             row.update(factor=factor, shed_rate=round(stats.outcomes["RESOURCE_EXHAUSTED"] / max(1, stats.requests), 3),
                        admitted_p99_ms=round(stats.admitted_p(99), 1),
                        shed_scraped=int(sum(by_label(after, "retrieval_shed_total", "reason").values())
@@ -202,11 +215,14 @@ def markdown(report: dict[str, Any]) -> str:
                        f"{b['cpu_ms_per_query']:.1f} | {o['outcomes']} | {b['outcomes']} | "
                        f"{o.get('metrics_consistent')} | {o.get('event_loop_lag_p99_ms', 0):.1f} |")
         if m.get("overload"):
-            out += ["", "| open loop | offered/s | done/s | shed rate | admitted p50 | admitted p99 | shed (metric) | outcomes |",
-                    "|---|---|---|---|---|---|---|---|"]
+            out += ["", "| open loop | offered/s | done/s | shed rate | p50 | admitted p99 | shed (metric) | model items run "
+                    "| model items dropped unrun | server CPU ms/request | outcomes |",
+                    "|---|---|---|---|---|---|---|---|---|---|---|"]
             for r in m["overload"]:
                 out.append(f"| {r['factor']}x | {r['rate']:.1f} | {r['throughput']:.1f} | {r['shed_rate']:.1%} | "
-                           f"{r['p50_ms']:.1f} | {r['admitted_p99_ms']:.1f} | {r['shed_scraped']} | {r['outcomes']} |")
+                           f"{r['p50_ms']:.1f} | {r['admitted_p99_ms']:.1f} | {r['shed_scraped']} | "
+                           f"{r.get('model_items_run')} | {r.get('model_items_dropped')} | {r['cpu_ms_per_query']:.1f} | "
+                           f"{r['outcomes']} |")
         out.append("")
     return "\n".join(out)
 
@@ -290,7 +306,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             if args.overload:
                 sustainable = max(r["throughput"] for r in m["ours"])
                 m["overload"] = await overload(ours, f"127.0.0.1:{port}", queries, rerank, sustainable,
-                                               args.duration, metrics_url)
+                                               args.duration, metrics_url, args.overload_timeout)
             report["modes"][mode] = m
             plot(mode, m, out / f"{mode.replace('+', '_')}.png")
     finally:
@@ -313,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=8.0, help="seconds per load level")
     p.add_argument("--overload", action=argparse.BooleanOptionalAction, default=True,
                    help="open loop at 0.5x and 2x our best closed-loop throughput")
+    p.add_argument("--overload-timeout", type=float, default=10.0,
+                   help="client deadline (s) in the open-loop runs: expired work must stop using CPU")
     p.add_argument("--insuranceqa", choices=["en", "zh"], default="", help="InsuranceQA valid instead of the demo corpus")
     p.add_argument("--questions", type=int, default=100)
     p.add_argument("--corpus-sample", type=int, default=5000, help="answers kept (0: all 27,413)")
