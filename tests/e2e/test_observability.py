@@ -12,7 +12,7 @@ from collections import Counter
 import grpc
 import pytest
 
-from service._gen.retrieval.v1 import retrieval_pb2, types_pb2
+from service._gen.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc, types_pb2
 from service.observability.logs import ATTEMPT_LOGGER, JsonFormatter
 from tests.support.harness import result_of
 from tests.support.otlp_receiver import OtlpReceiver
@@ -129,3 +129,36 @@ async def test_json_logs_carry_the_attempt_id(demo) -> None:
     mine = [line for line in lines if line.get("attempt_id") == attempt_id]
     assert len(mine) == 1, lines
     assert mine[0]["outcome"] == "EVIDENCE_FOUND" and mine[0]["level"] == "DEBUG" and mine[0]["total_ms"] > 0
+
+
+async def test_serve_flags_turn_on_metrics_and_json_logs(tmp_path) -> None:
+    """`python -m service serve --metrics-listen ... --log-json` as a user starts it."""
+    import subprocess
+    import sys
+    import urllib.request
+    from pathlib import Path
+
+    from tests.support.service_live import SERVING, wait_health
+    from tests.support.tcp_proxy import free_port
+
+    port, mport = free_port(), free_port()
+    log_path = tmp_path / "serve.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service", "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", str(tmp_path / "d"),
+             "--embedding-model", "dummy-hash", "--reranker-model", "", "--metrics-listen", f"127.0.0.1:{mport}",
+             "--log-json"], cwd=Path(__file__).resolve().parents[2], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            await wait_health(channel, SERVING, 60)
+            stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)
+            call = stub.Retrieve(retrieval_pb2.RetrieveRequest(query="anything at all", top_k=2), timeout=10)
+            [ev async for ev in call]
+            attempt_id = dict(await call.trailing_metadata())["x-attempt-id"]
+        text = await asyncio.to_thread(lambda: urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5).read().decode())
+        assert 'retrieval_attempts_total{outcome="EMPTY"} 1.0' in text
+    finally:
+        proc.terminate()
+        proc.wait(15)
+    lines = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
+    assert any(line.get("attempt_id") == attempt_id and line["outcome"] == "EMPTY" for line in lines), lines[-5:]
