@@ -38,9 +38,11 @@ class Config:
     max_queue: int = 256  # items waiting per model before RESOURCE_EXHAUSTED
     # Query embeddings kept (LRU, keyed by model hash + normalised query); 0 = off.
     query_cache_size: int = 4096
-    # Threads for ingest's passage embedding, a pool apart from query-time model work
-    # (0 = share the query pool).
-    ingest_model_workers: int = 1
+    # Threads for ingest's passage embedding in a pool apart from query-time model work;
+    # 0 = share the query pool (the default: on 2 cores a separate pool of 1 or 2 threads
+    # did not lower query p95 during a bulk ingest and cost ingest throughput, see README
+    # "Load testing and the baseline").
+    ingest_model_workers: int = 0
     engine_workers: int = 1  # embedded engine executor threads
     # Request limits.
     max_top_k: int = 50
