@@ -327,7 +327,7 @@ class ModelRuntime:
             batcher.start()
         # Warm up inside the pool so the first caller does not pay session start-up.
         deadline = time.monotonic() + 120
-        await self.embed_query("warm up", deadline)
+        await self._queries.submit(["warm up"], deadline)  # not via the cache: no query asked it
         if self._rerank is not None:
             await self.rerank("warm up", ["warm up"], deadline)
 

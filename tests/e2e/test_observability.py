@@ -56,10 +56,13 @@ async def test_metrics_count_what_callers_saw_and_traces_reach_otlp(receiver: Ot
             if n == "retrieval_leg_latency_seconds_count"}
     searched = sum(seen.values()) - seen["PERMISSION_DENIED"]
     assert legs[("BM25", "OK")] == searched and legs[("KNN", "OK")] == searched
-    # Query embeddings ran in batches (the warm-up too) and their waits were measured.
+    # Each KNN leg looked its query up in the embedding cache (the queries repeat); every
+    # miss ran in a batch (the warm-up too) whose wait was measured.
+    cache = by_label(after, "retrieval_query_embedding_cache_total", "result")
+    assert cache["hit"] + cache["miss"] == searched and cache["hit"] >= len(QUERIES)
     sizes = by_label(after, "retrieval_model_batch_size_count", "model")
-    assert sizes["embed-query"] >= searched
-    assert by_label(after, "retrieval_model_queue_wait_seconds_count", "model")["embed-query"] >= searched
+    assert sizes["embed-query"] >= cache["miss"]
+    assert by_label(after, "retrieval_model_queue_wait_seconds_count", "model")["embed-query"] >= cache["miss"]
     assert by_label(after, "retrieval_model_inference_seconds_count", "model")["embed-query"] >= 1
     assert ("retrieval_model_queue_depth", (("model", "embed-query"),)) in after
     assert after[("retrieval_event_loop_lag_seconds_count", ())] > 0
@@ -67,7 +70,9 @@ async def test_metrics_count_what_callers_saw_and_traces_reach_otlp(receiver: Ot
     assert after[("retrieval_inflight_attempts", ())] == 0
 
     # The trace of one attempt: attempt -> leg BM25 / leg KNN -> model / engine spans.
-    call = live.retrieval.Retrieve(retrieval_pb2.RetrieveRequest(query="how do I reset my password", top_k=3), timeout=10)
+    # A question not asked before: a cached query embedding has no model span.
+    call = live.retrieval.Retrieve(retrieval_pb2.RetrieveRequest(query="I forgot my password, how do I reset it", top_k=3),
+                                   timeout=10)
     events = [ev async for ev in call]
     attempt_id = dict(await call.trailing_metadata())["x-attempt-id"]
     assert result_of(events).attempt_id == attempt_id
