@@ -16,12 +16,13 @@ DATA_DIR ?= data
 PYTEST_ARGS ?=
 export RETRIEVAL_MODELS_DIR ?= $(HOME)/.cache/retrieval-service/models
 
-.PHONY: help venv tools ts-deps proto proto-check typecheck models run serve test test-fast clean
+.PHONY: help venv tools ts-deps proto proto-check typecheck models run serve test test-fast bench clean
 
 help:
 	@echo "make run         install, build models, serve the embedded engine with the demo corpus"
 	@echo "make test        install, check protos and types, start OpenSearch, run every test"
 	@echo "make test-fast   unit + end-to-end tests only (no OpenSearch)"
+	@echo "make bench       load runs: ours vs the baseline pipeline (BENCH_ARGS=...; not part of make test)"
 	@echo "make proto       regenerate the Python, Go and TypeScript stubs from protos/"
 	@echo "make models      build the ONNX models into $(RETRIEVAL_MODELS_DIR)"
 
@@ -91,6 +92,13 @@ test-fast: venv models
 
 test: venv proto-check typecheck models
 	bash tests/run_all.sh $(PYTEST_ARGS)
+
+# Load runs against our server and the baseline pipeline in the same run (tests/load/bench.py;
+# results, tables and plots under .cache/bench/). Not part of `make test`.
+BENCH_ARGS ?=
+bench: venv models
+	$(BIN)/pip install -q -e '.[bench]'
+	$(BIN)/python -m tests.load.bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(TOOLS) .pytest_cache .mypy_cache $(TS_CLIENT)/node_modules $(TS_CLIENT)/dist

@@ -17,6 +17,8 @@ from service.ledger.operations import LedgerOperations
 from service.ledger.writer import AttemptWriter
 from service.models.base import CrossEncoderBackend, EmbeddingBackend
 from service.models.runtime import ModelRuntime
+from service.observability.metrics import ServiceMetrics
+from service.observability.tracing import Tracer
 from service.pipeline.attempt import AttemptRunner
 from service.pipeline.quality import QualityModel, load_calibration
 from service.planning.rules import PlanRules, load_rules
@@ -187,6 +189,8 @@ class App:
     writer: AttemptWriter
     ledger_ops: LedgerOperations
     plan_rules: PlanRules
+    metrics: ServiceMetrics
+    tracer: Tracer
 
     @classmethod
     def build(
@@ -199,19 +203,22 @@ class App:
         reranker = choice.backend
         if choice.reason and cfg.reranker_model:
             log.warning("rerank leg off: %s", choice.reason)
+        metrics = ServiceMetrics()
         runtime = ModelRuntime(
             embedder, reranker, workers=cfg.model_workers, max_batch=cfg.max_batch_size,
-            max_wait_ms=cfg.max_batch_wait_ms, max_queue=cfg.max_queue,
+            max_wait_ms=cfg.max_batch_wait_ms, max_queue=cfg.max_queue, metrics=metrics,
+            query_cache_size=cfg.query_cache_size, ingest_workers=cfg.ingest_model_workers,
         )
         engine = engine or build_engine(cfg, embedder.dimension)
         ledger = build_ledger(cfg)
         writer = AttemptWriter(ledger)
+        tracer = Tracer.from_endpoint(cfg.otlp_endpoint, cfg.trace_service_name)
         runner = AttemptRunner(cfg, engine, runtime, ledger, rerank_alpha=choice.alpha,
                                rerank_unavailable=choice.reason, quality=load_quality_model(cfg, embedder, choice),
-                               writer=writer)
+                               writer=writer, metrics=metrics, tracer=tracer)
         return cls(cfg, engine, runtime, ledger, runner,
                    Ingestor(cfg, engine, runtime), writer, LedgerOperations(ledger, writer, cfg.critical_gap_threshold),
-                   plan_rules)
+                   plan_rules, metrics, tracer)
 
     async def start(self) -> None:
         await self.ledger.start()
@@ -227,3 +234,4 @@ class App:
         await self.ledger_ops.close()
         await self.writer.close()
         await self.ledger.close()
+        self.tracer.close()

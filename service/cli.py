@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -64,8 +63,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         reranker_model=args.reranker_model, api_keys_file=args.api_keys, plan_rules_file=args.plan_rules,
         tls_cert_file=args.tls_cert, tls_key_file=args.tls_key, tls_client_ca_file=args.tls_client_ca,
         insecure_open=True if args.insecure_open else None,
+        metrics_listen=args.metrics_listen, otlp_endpoint=args.otlp_endpoint, log_json=args.log_json or None,
     )
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from service.observability.logs import configure_logging
+
+    configure_logging(cfg.log_json)
     from service.api.transport_security import ExposureError, check_exposure
 
     try:
@@ -384,6 +386,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--tls-client-ca", default=None, help="CA (PEM) client certificates must chain to (mutual TLS)")
     s.add_argument("--insecure-open", action="store_true",
                    help="allow a non-loopback address without auth (refused otherwise)")
+    s.add_argument("--metrics-listen", default=None, help="HOST:PORT for Prometheus /metrics (default: off)")
+    s.add_argument("--otlp-endpoint", default=None, help="OTLP/HTTP collector for traces, e.g. http://127.0.0.1:4318 "
+                                                         "(default: off)")
+    s.add_argument("--log-json", action="store_true", help="JSON log lines with the attempt id")
     s.set_defaults(fn=cmd_serve)
 
     i = sub.add_parser("ingest", help="stream a JSONL file of documents into the server")

@@ -36,6 +36,13 @@ class Config:
     max_batch_size: int = 16
     max_batch_wait_ms: float = 2.0
     max_queue: int = 256  # items waiting per model before RESOURCE_EXHAUSTED
+    # Query embeddings kept (LRU, keyed by model hash + normalised query); 0 = off.
+    query_cache_size: int = 4096
+    # Threads for ingest's passage embedding in a pool apart from query-time model work;
+    # 0 = share the query pool (the default: on 2 cores a separate pool of 1 or 2 threads
+    # did not lower query p95 during a bulk ingest and cost ingest throughput, see README
+    # "Load testing and the baseline").
+    ingest_model_workers: int = 0
     engine_workers: int = 1  # embedded engine executor threads
     # Request limits.
     max_top_k: int = 50
@@ -116,6 +123,13 @@ class Config:
     # Graceful stop: on SIGTERM, in-flight attempts and ingest streams get this long to
     # finish (a second SIGTERM stops at once).
     shutdown_grace_s: float = 10.0
+    # Observability (README "Observability"). metrics_listen: HOST:PORT of the Prometheus
+    # /metrics endpoint ("" = off). otlp_endpoint: an OTLP/HTTP collector base URL for
+    # traces, e.g. http://127.0.0.1:4318 ("" = no traces). log_json: JSON log lines.
+    metrics_listen: str = ""
+    otlp_endpoint: str = ""
+    trace_service_name: str = "retrieval-service"
+    log_json: bool = False
     # Ingest.
     chunk_chars: int = 500
     parent_chars: int = 2000

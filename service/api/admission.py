@@ -36,19 +36,23 @@ class Admission:
         with no await in between (so the checks and the count agree)."""
         self.refuse_if_draining()
         if self.inflight >= self.app.cfg.max_inflight_attempts:
+            self.app.metrics.shed.labels("inflight_limit").inc()
             raise Overloaded(f"{self.inflight} attempts in flight (limit {self.app.cfg.max_inflight_attempts})", 0.25)
         if self.app.runtime.overloaded():
+            self.app.metrics.shed.labels("model_queue").inc()
             raise Overloaded("model queues are nearly full", 0.25)
         self.quotas.check_concurrency(principal.name)
 
     @contextlib.contextmanager
     def attempt(self, principal: Principal = ANONYMOUS) -> Iterator[None]:
         self.inflight += 1
+        self.app.metrics.inflight.inc()
         with self._held(principal):
             try:
                 yield
             finally:
                 self.inflight -= 1
+                self.app.metrics.inflight.dec()
 
     def admit_stream(self, principal: Principal = ANONYMOUS) -> None:
         """An ingest stream is refused while draining or at the principal's quota."""

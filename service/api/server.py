@@ -67,6 +67,7 @@ class Server:
             (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
              reflection.SERVICE_NAME), self.grpc)
         self.port = 0
+        self.metrics_port = 0  # the /metrics port once started with metrics_listen
         self._watch: asyncio.Task[None] | None = None
         self._stop_now = asyncio.Event()
 
@@ -97,6 +98,9 @@ class Server:
         await self._set_health(False)
         await self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         await self.grpc.start()
+        self.app.metrics.start_lag_probe()
+        if self.app.cfg.metrics_listen:
+            self.metrics_port = self.app.metrics.serve(self.app.cfg.metrics_listen)
         await self.app.start()
         self._watch = asyncio.get_running_loop().create_task(self._watch_engine())
         return self.port
@@ -123,6 +127,7 @@ class Server:
                         self.admission.inflight, self.admission.streams)
         await self.grpc.stop(left)  # other in-flight calls (ledger RPCs, ...) get what is left
         await self.app.close()
+        await self.app.metrics.close()
         log.info("stopped: ledger writer flushed (%d records written, %d dropped), engine closed",
                  self.app.writer.written, self.app.writer.dropped)
 

@@ -220,6 +220,7 @@ class CorpusServicer(corpus_pb2_grpc.CorpusServiceServicer):
             await abort_with(context, InvalidArgument.one("document", "the stream carried no documents"))
         summary = corpus_pb2.IngestSummary(documents_received=len(docs))
         for i, (doc, out) in enumerate(zip(docs, outcomes)):
+            self.app.metrics.ingested(out.status, out.chunks if out.status == "indexed" else 0)
             if out.status == "indexed":
                 summary.documents_indexed += 1
                 summary.chunks_indexed += out.chunks

@@ -16,12 +16,16 @@ import concurrent.futures
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import numpy as np
 
 from service.errors import DeadlineExceeded, Overloaded
 from service.models.base import CrossEncoderBackend, EmbeddingBackend, FloatArray, ModelInfo
+from service.models.query_cache import QueryEmbeddingCache
+
+if TYPE_CHECKING:
+    from service.observability.metrics import ServiceMetrics
 
 In = TypeVar("In")
 Out = TypeVar("Out")
@@ -68,8 +72,10 @@ class MicroBatcher(Generic[In, Out]):
         max_wait_s: float,
         max_queue: int,
         concurrency: int,
+        metrics: ServiceMetrics | None = None,
     ) -> None:
         self.name = name
+        self._metrics = metrics
         self._fn = fn
         self._executor = executor
         self._max_batch = max_batch
@@ -81,6 +87,13 @@ class MicroBatcher(Generic[In, Out]):
         self._running: set[asyncio.Task[None]] = set()
         self.batches_run = 0
         self.items_dropped = 0
+        if metrics is not None:
+            metrics.watch_queue(name, lambda: float(self._queue.qsize()))
+
+    def _dropped(self, reason: str, items: int) -> None:
+        self.items_dropped += items
+        if self._metrics is not None:
+            self._metrics.dropped(self.name, reason, items)
 
     def start(self) -> None:
         if self._task is None:
@@ -115,6 +128,8 @@ class MicroBatcher(Generic[In, Out]):
         try:
             self._queue.put_nowait(request)
         except asyncio.QueueFull:
+            if self._metrics is not None:
+                self._metrics.dropped(self.name, "queue_full", len(items))
             raise Overloaded(f"{self.name} queue is full ({self.capacity})", retry_after_s=0.2)
         try:
             # On timeout wait_for cancels the future, so a worker that picks the request
@@ -160,9 +175,9 @@ class MicroBatcher(Generic[In, Out]):
         live = []
         for request in batch:
             if request.future.done():  # caller cancelled or timed out
-                self.items_dropped += len(request.items)
+                self._dropped("abandoned", len(request.items))
             elif request.deadline <= now:
-                self.items_dropped += len(request.items)
+                self._dropped("deadline", len(request.items))
                 request.future.set_exception(
                     DeadlineExceeded(f"{self.name}: dropped from queue, deadline passed")
                 )
@@ -193,9 +208,11 @@ class MicroBatcher(Generic[In, Out]):
             self.batches_run += 1
             offset = 0
             n = sum(len(r.items) for r in admitted)
+            if self._metrics is not None and admitted:
+                self._metrics.batch_ran(self.name, n, [started - r.enqueued for r in admitted], tok_s, inf_s)
             for request in live:
                 if request not in admitted:
-                    self.items_dropped += len(request.items)
+                    self._dropped("abandoned" if request.future.done() else "deadline", len(request.items))
                     if not request.future.done():
                         request.future.set_exception(
                             DeadlineExceeded(f"{self.name}: deadline passed while queued")
@@ -262,20 +279,31 @@ class ModelRuntime:
         max_batch: int = 16,
         max_wait_ms: float = 2.0,
         max_queue: int = 256,
+        metrics: ServiceMetrics | None = None,
+        query_cache_size: int = 0,
+        ingest_workers: int = 0,
     ) -> None:
         self.embedder = embedder
         self.reranker = reranker
+        self._metrics = metrics
+        # Query-time model work (query embeddings, rerank) has its own pool, and ingest's
+        # passage batches another (``ingest_workers`` threads; 0 = share the query pool, the
+        # old behaviour): a query batch never waits in an executor queue behind a passage
+        # batch, whatever an ingest is doing. The OS still shares the cores between them.
         self.executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=workers, thread_name_prefix="model"
         )
-        common = dict(max_wait_s=max_wait_ms / 1000, max_queue=max_queue, concurrency=workers)
+        self.ingest_executor = self.executor if ingest_workers <= 0 else concurrent.futures.ThreadPoolExecutor(
+            max_workers=ingest_workers, thread_name_prefix="ingest-model")
+        self.query_cache = QueryEmbeddingCache(query_cache_size, embedder.info.sha256)
+        common = dict(max_wait_s=max_wait_ms / 1000, max_queue=max_queue, concurrency=workers, metrics=metrics)
         self._queries: MicroBatcher[str, FloatArray] = MicroBatcher(
             "embed-query", _timed_embed(embedder, "query"), self.executor,
             max_batch=max(max_batch, 32), **common,  # type: ignore[arg-type]
         )
         self._passages: MicroBatcher[str, FloatArray] = MicroBatcher(
-            "embed-passage", _timed_embed(embedder, "passage"), self.executor,
-            max_batch=max_batch, **common,  # type: ignore[arg-type]
+            "embed-passage", _timed_embed(embedder, "passage"), self.ingest_executor,
+            max_batch=max_batch, **{**common, "concurrency": ingest_workers or workers},  # type: ignore[arg-type]
         )
         self._rerank: MicroBatcher[tuple[str, str], float] | None = None
         if reranker is not None:
@@ -299,7 +327,7 @@ class ModelRuntime:
             batcher.start()
         # Warm up inside the pool so the first caller does not pay session start-up.
         deadline = time.monotonic() + 120
-        await self.embed_query("warm up", deadline)
+        await self._queries.submit(["warm up"], deadline)  # not via the cache: no query asked it
         if self._rerank is not None:
             await self.rerank("warm up", ["warm up"], deadline)
 
@@ -307,13 +335,21 @@ class ModelRuntime:
         for batcher in self._batchers:
             await batcher.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
+        if self.ingest_executor is not self.executor:
+            self.ingest_executor.shutdown(wait=False, cancel_futures=True)
 
     def overloaded(self) -> bool:
         """Explicit overload check: any queue past 90% of its bound."""
         return any(b.depth >= 0.9 * b.capacity for b in self._batchers)
 
     async def embed_query(self, text: str, deadline: float) -> tuple[FloatArray, Timing]:
+        cached = self.query_cache.get(text)
+        if self._metrics is not None and self.query_cache.size:
+            self._metrics.query_cache.labels("hit" if cached is not None else "miss").inc()
+        if cached is not None:
+            return cached, Timing()
         vectors, timing = await self._queries.submit([text], deadline)
+        self.query_cache.put(text, vectors[0])
         return vectors[0], timing
 
     async def embed_passages(

@@ -15,6 +15,7 @@ Outcome rules (shared/DESIGN.md section 2):
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
@@ -44,6 +45,9 @@ from service.errors import DeadlineExceeded, Overloaded
 from service.ledger.base import NO_GAP_IN_RUN, Ledger, LedgerUnavailable
 from service.ledger.writer import AttemptWriter
 from service.models.runtime import ModelRuntime, Timing
+from service.observability.logs import ATTEMPT_LOGGER, current_attempt_id
+from service.observability.metrics import ServiceMetrics
+from service.observability.tracing import AttemptTrace, Tracer
 from service.pipeline.fusion import Candidate, FusionParams, fusion_for, interpolate, is_cjk, max_rrf_score, rrf
 from service.pipeline.context_budget import apply_plan_budget
 from service.pipeline.legs import LegRun as _LegRun
@@ -56,6 +60,8 @@ from service.pipeline.request import AttemptRequest, Principal
 from service.planning.plan import RetrievalPlan
 
 CHANNEL = "knowledge_base"
+# One DEBUG line per finished attempt; `serve --log-json` turns this logger on (JSON lines).
+_attempt_log = logging.getLogger(ATTEMPT_LOGGER)
 # Kept back from the caller's deadline for fusion, post-processing and the reply.
 _REPLY_MARGIN_S = 0.05
 
@@ -150,8 +156,14 @@ def _timing(t: Timing) -> LegTiming:
 class AttemptRunner:
     def __init__(self, cfg: Config, engine: Engine, runtime: ModelRuntime, ledger: Ledger, *,
                  rerank_alpha: float = 1.0, rerank_unavailable: str = "",
-                 quality: QualityModel | None = None, writer: AttemptWriter | None = None) -> None:
+                 quality: QualityModel | None = None, writer: AttemptWriter | None = None,
+                 metrics: ServiceMetrics | None = None, tracer: Tracer | None = None) -> None:
         self.cfg = cfg
+        self.metrics = metrics
+        self.tracer = tracer or Tracer()
+        self.tracer.engine = engine.name
+        self.tracer.models = {"KNN": runtime.embedder.info.model_id,
+                              "RERANK": runtime.reranker.info.model_id if runtime.reranker else ""}
         self.quality = quality or QualityModel()
         self.engine = engine
         self.runtime = runtime
@@ -226,26 +238,38 @@ class AttemptRunner:
         """Run one attempt. ``deadline`` is absolute, on the time.monotonic() clock."""
         started = time.monotonic()
         attempt_id = uuid.uuid4().hex
+        current_attempt_id.set(attempt_id)  # JSON log lines of this task carry it
+        trace = self.tracer.begin(attempt_id)
         result = AttemptResultOut(attempt_id, Outcome.EMPTY, model_ids=self.model_ids, engine=self.engine.name)
         evidence: list[EvidenceOut] = []
         try:
             async for event in self._run(req, principal, deadline, result, evidence):
+                if trace is not None and isinstance(event, LegEvent):
+                    trace.leg_seen(event.report)
                 yield event
         except (asyncio.CancelledError, GeneratorExit):
             result.outcome, result.stopping_reason = Outcome.CANCELLED, "cancelled"
             evidence = []
-            self._record(req, principal, result, evidence, started)
+            self._record(req, principal, result, evidence, started, trace)
             raise
-        self._record(req, principal, result, evidence, started)
+        self._record(req, principal, result, evidence, started, trace)
         yield ResultEvent(result)
 
     def _record(
         self, req: AttemptRequest, principal: Principal, result: AttemptResultOut,
-        evidence: list[EvidenceOut], started: float,
+        evidence: list[EvidenceOut], started: float, trace: AttemptTrace | None = None,
     ) -> None:
-        """Hand the attempt to the ledger writer: the caller never waits on this write."""
+        """Hand the attempt to the ledger writer (the caller never waits on this write),
+        the metrics and the tracer."""
         result.total_ms = (time.monotonic() - started) * 1000
         self.writer.submit(entry_for(req, principal, result, evidence, CHANNEL, self.cfg))
+        if self.metrics is not None:
+            self.metrics.attempt_finished(result.outcome, result.total_ms / 1000, result.legs)
+        self.tracer.finish(trace, result.outcome, result.legs, result.stopping_reason)
+        _attempt_log.debug("attempt %s", result.outcome.value, extra={
+            "attempt_id": result.attempt_id, "outcome": result.outcome.value,
+            "stopping_reason": result.stopping_reason, "total_ms": round(result.total_ms, 3),
+            "returned": result.returned_count, "degraded": result.degraded})
 
     async def _run(
         self, req: AttemptRequest, principal: Principal, deadline: float,
