@@ -128,8 +128,11 @@ async def test_inadmissible_when_the_pinned_version_is_not_the_one_found(demo: L
     events = await demo.retrieve(query="release notes", top_k=3, version_pins={"release-notes": "v9.9"},
                                  filters=retrieval_pb2.Filters(source_ids=["release-notes"]))
     assert result_of(events).outcome == types_pb2.ATTEMPT_OUTCOME_INADMISSIBLE
+    # About versions, not the quality gate: "release notes" is a weak two-word match (its quality
+    # sits near the default gate and moves with what other tests ingested), so no gate here.
     pinned = await demo.retrieve(query="release notes", top_k=5, version_pins={"release-notes": "v2.3"},
-                                 filters=retrieval_pb2.Filters(source_ids=["release-notes"]))
+                                 filters=retrieval_pb2.Filters(source_ids=["release-notes"]),
+                                 options=retrieval_pb2.RetrievalOptions(min_quality=1e-9))
     assert {e.version for e in evidence_of(pinned)} == {"v2.3"}
 
 
