@@ -141,8 +141,8 @@ def ece(p: F64, y: F64, bins: int = ECE_BINS) -> tuple[float, list[dict[str, flo
     return float(total), table
 
 
-GATE_RULE = ("per model (leg set and language; none for BM25 alone), the min_quality on a 0.005 grid that maximises min(valid answerable questions "
-             "kept, off-domain questions refused); ties: the lowest")
+GATE_RULE = ("per model (leg set and language; none for BM25 alone), the min_quality on a 0.005 grid that "
+             "maximises min(valid answerable questions kept, off-domain questions refused); ties: the lowest")
 GATE_GRID = tuple(round(0.005 * i, 3) for i in range(1, 61))
 
 
@@ -219,23 +219,30 @@ def _measure(model: Logistic, train: Sequence[Row], valid: Sequence[Row], featur
     return res
 
 
-def answerable_curve(paths: Sequence[Path], calibration: dict[str, Any], thresholds: Sequence[float]
-                     ) -> dict[str, list[dict[str, float]]]:
-    """Per language: for each ``min_quality``, the share of questions whose top-1 is a judged
-    answer that keep EVIDENCE_FOUND, and the share of all questions that do (top-1 quality
-    from the shipped calibration applied to the recorded signals)."""
+def _top1_quality(paths: Sequence[Path], calibration: dict[str, Any], legs: str = "both"
+                  ) -> dict[str, list[tuple[float, bool]]]:
+    """Per language: (the calibration's quality of each list's top item, is it a judged
+    answer), from item dumps."""
     from service.pipeline.quality import parse_calibration
 
     kind = str(calibration["kind"])
     cal = parse_calibration(calibration, kind)
     features = RERANK_FEATURES if kind == "rerank" else HYBRID_FEATURES
-    rows = load_rows(paths, kind, 1)
+    return {lang: [(cal.probability({f: r[0][f] for f in features}, lang == "cjk", legs), r[1]) for r in rows]
+            for lang, rows in load_rows(paths, kind, 1, legs).items()}
+
+
+def answerable_curve(paths: Sequence[Path], calibration: dict[str, Any], thresholds: Sequence[float]
+                     ) -> dict[str, list[dict[str, float]]]:
+    """Per language: for each ``min_quality``, the share of questions whose top-1 is a judged
+    answer that keep EVIDENCE_FOUND, and the share of all questions that do (top-1 quality
+    from the shipped calibration applied to the recorded signals)."""
     out: dict[str, list[dict[str, float]]] = {}
-    for lang, lrows in rows.items():
-        if not lrows:
+    for lang, top in _top1_quality(paths, calibration).items():
+        if not top:
             continue
-        q = np.array([cal.probability({f: r[0][f] for f in features}, lang == "cjk") for r in lrows])
-        ok = np.array([r[1] for r in lrows])
+        q = np.array([x for x, _ in top])
+        ok = np.array([hit for _, hit in top])
         out[lang] = [{"min_quality": t, "answerable_kept": round(float((q[ok] >= t).mean()), 4),
                       "all_kept": round(float((q >= t).mean()), 4), "answerable": int(ok.sum())} for t in thresholds]
     return out
@@ -247,17 +254,7 @@ def gate_curve(valid: Sequence[Path], off_domain: Sequence[Path], calibration: d
     that keep EVIDENCE_FOUND, and off-domain questions refused (their top-1 below it). The
     off-domain questions are the fitted ones (in sample): the held-out check is
     tests/eval/test_answerability.py."""
-    from service.pipeline.quality import parse_calibration
-
-    kind = str(calibration["kind"])
-    cal = parse_calibration(calibration, kind)
-    features = RERANK_FEATURES if kind == "rerank" else HYBRID_FEATURES
-
-    def top1(paths: Sequence[Path]) -> dict[str, list[tuple[float, bool]]]:
-        return {lang: [(cal.probability({f: r[0][f] for f in features}, lang == "cjk", legs), r[1]) for r in rows]
-                for lang, rows in load_rows(paths, kind, 1, legs).items()}
-
-    answerable, off = top1(valid), top1(off_domain)
+    answerable, off = _top1_quality(valid, calibration, legs), _top1_quality(off_domain, calibration, legs)
     out: dict[str, list[dict[str, float]]] = {}
     for lang in ("en", "cjk"):
         ok = [q for q, hit in answerable[lang] if hit]

@@ -48,7 +48,15 @@ from service.models.runtime import ModelRuntime, Timing
 from service.observability.logs import ATTEMPT_LOGGER, current_attempt_id
 from service.observability.metrics import ServiceMetrics
 from service.observability.tracing import AttemptTrace, Tracer
-from service.pipeline.fusion import Candidate, FusionParams, fusion_for, interpolate, is_cjk, max_rrf_score, rrf
+from service.pipeline.fusion import (
+    Candidate,
+    FusionParams,
+    fuse_legs,
+    fusion_for,
+    interpolate,
+    is_cjk,
+    max_rrf_score,
+)
 from service.pipeline.context_budget import apply_plan_budget
 from service.pipeline.legs import LegRun as _LegRun
 from service.pipeline.plan_execution import faq_direct_answer, rerank_query, search_planned
@@ -310,9 +318,7 @@ class AttemptRunner:
         retry_keys = [k for k in cfg.retry_unfiltered_keys if k in flt.metadata]
         if req.plan is not None or req.query_variants:
             def judge(cands: list[Candidate], legs_run: list[_LegRun]) -> None:
-                legs_key, answered_max = self._answered(legs_run, fusion)
-                self.quality.assign_all(cands, reranked=False, max_fused=self._max_fused(legs_run, fusion),
-                                        cjk=is_cjk(req.query), legs=legs_key, answered_max_fused=answered_max)
+                self._provisional_quality(cands, legs_run, fusion, req.query)
 
             searched = await search_planned(self._search, req, flt, legs, deadline, fusion, cfg.candidates_per_leg, judge)
             runs, candidates, result.query_variants, result.plan = searched.runs, searched.candidates, searched.variants, req.plan
@@ -398,7 +404,7 @@ class AttemptRunner:
             if direct is not None:
                 gated = [direct] + [c for c in gated if c is not direct]
                 result.faq_direct, result.faq_direct_evidence_id = True, direct.chunk.chunk_id
-            items, truncated = apply_plan_budget(gated, top_k, req.plan, req.max_context_chars or cfg.max_context_chars)
+            items, truncated = apply_plan_budget(gated, top_k, req.plan, budget)
         else:
             items, truncated = apply_context_budget(gated, top_k, budget)
         result.truncated = truncated
@@ -424,8 +430,7 @@ class AttemptRunner:
     @staticmethod
     def _fuse(runs: list[_LegRun], fusion: FusionParams) -> list[Candidate]:
         hits = {r.report.kind: r.hits for r in runs}
-        return rrf(hits.get(LegKind.BM25, []), hits.get(LegKind.KNN, []), k=fusion.rrf_k,
-                   bm25_weight=fusion.bm25_weight, knn_weight=fusion.knn_weight)
+        return fuse_legs(hits.get(LegKind.BM25, []), hits.get(LegKind.KNN, []), fusion)
 
     @staticmethod
     def _max_fused(runs: list[_LegRun], fusion: FusionParams) -> float:
@@ -450,10 +455,15 @@ class AttemptRunner:
         if not candidates:
             return True
         best = max(candidates, key=lambda c: c.fused_score)
-        legs_key, answered_max = self._answered(runs, fusion)
-        self.quality.assign(best, reranked=False, max_fused=self._max_fused(runs, fusion), cjk=is_cjk(query),
-                            legs=legs_key, answered_max_fused=answered_max)
+        self._provisional_quality([best], runs, fusion, query)
         return best.quality < self.cfg.retry_unfiltered_below
+
+    def _provisional_quality(self, candidates: list[Candidate], runs: list[_LegRun], fusion: FusionParams,
+                             query: str) -> None:
+        """The hybrid calibrated quality before rerank (what the legs alone say)."""
+        legs_key, answered_max = self._answered(runs, fusion)
+        self.quality.assign_all(candidates, reranked=False, max_fused=self._max_fused(runs, fusion),
+                                cjk=is_cjk(query), legs=legs_key, answered_max_fused=answered_max)
 
     def _add_rerank_report(self, result: AttemptResultOut, status: LegStatus, detail: str, req: AttemptRequest) -> None:
         if req.rerank is False:

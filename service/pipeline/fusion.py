@@ -71,6 +71,11 @@ def rrf(
     return sorted(by_id.values(), key=lambda c: -c.fused_score)
 
 
+def fuse_legs(bm25: list[Hit], knn: list[Hit], fusion: FusionParams) -> list[Candidate]:
+    """``rrf`` with a query's fusion parameters."""
+    return rrf(bm25, knn, k=fusion.rrf_k, bm25_weight=fusion.bm25_weight, knn_weight=fusion.knn_weight)
+
+
 def max_rrf_score(weights: list[float], k: int) -> float:
     """The score of a document ranked first by every leg that ran."""
     return sum(w / (k + 1) for w in weights)

@@ -22,7 +22,7 @@ from service.config import Config
 from service.domain import LegKind, LegReport, LegStatus, LegTiming
 from service.engines.base import SearchFilter
 from service.errors import FieldViolation, InvalidArgument
-from service.pipeline.fusion import Candidate, FusionParams, rrf
+from service.pipeline.fusion import Candidate, FusionParams, fuse_legs
 from service.pipeline.legs import LegRun
 from service.pipeline.request import AttemptRequest
 from service.pipeline.variants import fuse_variants
@@ -142,8 +142,7 @@ async def search_planned(search: SearchFn, req: AttemptRequest, flt: SearchFilte
             label = name if len(variants) == 1 else f"{name}/variant {i}"
             parts.extend((label, r) for r in runs)
             hits = {r.report.kind: r.hits for r in runs}
-            lists.append(rrf(hits.get(LegKind.BM25, []), hits.get(LegKind.KNN, []), k=fusion.rrf_k,
-                             bm25_weight=fusion.bm25_weight, knn_weight=fusion.knn_weight))
+            lists.append(fuse_legs(hits.get(LegKind.BM25, []), hits.get(LegKind.KNN, []), fusion))
         per_collection.append([c for c, _ in fuse_variants(lists)])
     runs = [_aggregate(kind, parts) for kind in (LegKind.BM25, LegKind.KNN)]
     judge([c for lst in per_collection for c in lst], runs)

@@ -41,10 +41,20 @@ class Budgeted:
     context: str
 
 
+def cap(excerpt: str, context: str, limit: int) -> tuple[str, str, bool]:
+    """Cut context first, then the excerpt, to ``limit`` characters in all; and whether it cut."""
+    if len(excerpt) + len(context) <= limit:
+        return excerpt, context, False
+    if len(excerpt) >= limit:
+        return excerpt[:limit], "", True
+    return excerpt, context[: limit - len(excerpt)], True
+
+
 def apply_context_budget(
-    candidates: Sequence[Candidate], top_k: int, max_chars: int
+    candidates: Sequence[Candidate], top_k: int, max_chars: int, max_item_chars: int = 0
 ) -> tuple[list[Budgeted], bool]:
-    """Take up to top_k items while excerpt + context characters fit in max_chars.
+    """Take up to top_k items while excerpt + context characters fit in max_chars (and each
+    item in ``max_item_chars``, when set).
 
     The item that crosses the budget is cut (context first, then excerpt); later items are
     dropped. Returns the items and whether the budget cut or dropped anything (top_k
@@ -59,10 +69,11 @@ def apply_context_budget(
             break
         excerpt = c.chunk.text
         context = c.chunk.parent_text if c.chunk.parent_text != c.chunk.text else ""
-        if len(excerpt) > left:
-            excerpt, context, truncated = excerpt[:left], "", True
-        elif len(excerpt) + len(context) > left:
-            context, truncated = context[: left - len(excerpt)], True
+        if max_item_chars:
+            excerpt, context, cut = cap(excerpt, context, max_item_chars)
+            truncated |= cut
+        excerpt, context, cut = cap(excerpt, context, left)
+        truncated |= cut
         left -= len(excerpt) + len(context)
         out.append(Budgeted(c, excerpt, context))
     return out, truncated
