@@ -399,3 +399,28 @@ async def test_healthcheck_exits_1_when_nothing_listens() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     assert await _run_check("--target", f"127.0.0.1:{port}", "--timeout", "1") == 1
+
+
+def test_a_non_editable_install_carries_the_data_serving_and_models_build_need() -> None:
+    """The Docker image installs the package (`pip install .`): every committed data file the
+    plan rules, `models build` (reranker delta, card, calibrations) and eval read must be
+    package data, or the image serves without a reranker and without the quality gate."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[3]
+    package_data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    tracked = subprocess.run(["git", "ls-files", "service"], cwd=root, capture_output=True, text=True,
+                             check=True).stdout.split()
+    needed = [f for f in tracked if f.endswith((".json", ".npz", ".toml"))
+              and not f.endswith(("calibration_report.json",))]  # a report for readers, not read by code
+    assert needed, "no data files found"
+    missing = []
+    for f in needed:
+        covered = False
+        for package, patterns in package_data.items():
+            prefix = package.replace(".", "/") + "/"
+            if f.startswith(prefix) and any(fnmatch.fnmatch(f[len(prefix):], pat) for pat in patterns):
+                covered = True
+        if not covered:
+            missing.append(f)
+    assert not missing, f"not package data (pyproject [tool.setuptools.package-data]): {missing}"
