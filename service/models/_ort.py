@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import onnx
 import onnxruntime as ort
 from tokenizers import Encoding, Tokenizer
 
@@ -24,6 +25,15 @@ def make_session(model_path: Path, threads: int) -> Any:
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
+
+
+def batch_invariant(model_path: Path) -> bool:
+    """False when the graph quantizes activations per tensor at run time
+    (``DynamicQuantizeLinear``, what onnxruntime's ``quantize_dynamic`` writes): the scale is
+    taken over the whole batch, padding included, so an item's output shifts with whatever
+    shares its batch (a rerank logit by ~0.1, a query embedding to cosine ~0.997)."""
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    return not any(node.op_type == "DynamicQuantizeLinear" for node in graph.node)
 
 
 def load_tokenizer(path: Path) -> tuple[Tokenizer, int]:

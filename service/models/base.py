@@ -58,6 +58,10 @@ class ModelInfo:
 
 class EmbeddingBackend(abc.ABC):
     info: ModelInfo
+    # False when one input's output depends on the other inputs of its batch (per-tensor
+    # dynamic int8 activation quantization takes its range over the whole batch): the
+    # runtime then never runs two requests' items in one inference call.
+    batch_invariant: bool = True
 
     @property
     def dimension(self) -> int:
@@ -75,6 +79,7 @@ class EmbeddingBackend(abc.ABC):
 
 class CrossEncoderBackend(abc.ABC):
     info: ModelInfo
+    batch_invariant: bool = True  # as EmbeddingBackend.batch_invariant
 
     @abc.abstractmethod
     def tokenize(self, pairs: list[tuple[str, str]]) -> Encoded:

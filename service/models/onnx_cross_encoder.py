@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from service.models._ort import load_tokenizer, make_session, pad_batch
+from service.models._ort import batch_invariant, load_tokenizer, make_session, pad_batch
 from service.models.base import CrossEncoderBackend, Encoded, FloatArray, ModelInfo, pad_rows
 from service.models.manifest import MODEL_FILE, TOKENIZER_FILE, read_manifest
 
@@ -46,6 +46,7 @@ class OnnxCrossEncoder(CrossEncoderBackend):
         if self._pair_budget - self.max_query_tokens < 1:
             raise ValueError(f"max_length {self.max_length} leaves no room for the passage")
         self._session = make_session(model_dir / MODEL_FILE, threads)
+        self.batch_invariant = batch_invariant(model_dir / MODEL_FILE)
         self._inputs = {i.name for i in self._session.get_inputs()}
         self._output = self._session.get_outputs()[0].name
 

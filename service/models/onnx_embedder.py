@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from service.models._ort import load_tokenizer, make_session, pad_batch
+from service.models._ort import batch_invariant, load_tokenizer, make_session, pad_batch
 from service.models.base import EmbeddingBackend, Encoded, FloatArray, ModelInfo, TextKind
 from service.models.manifest import MODEL_FILE, TOKENIZER_FILE, read_manifest
 
@@ -37,6 +37,7 @@ class OnnxEmbedder(EmbeddingBackend):
         self._tokenizer, self._pad_id = load_tokenizer(model_dir / TOKENIZER_FILE)
         self._tokenizer.enable_truncation(max_length=self.max_length)
         self._session = make_session(model_dir / MODEL_FILE, threads)
+        self.batch_invariant = batch_invariant(model_dir / MODEL_FILE)
 
     def tokenize(self, texts: list[str], kind: TextKind) -> Encoded:
         prefix = self.prefixes[kind]

@@ -73,8 +73,13 @@ class MicroBatcher(Generic[In, Out]):
         max_queue: int,
         concurrency: int,
         metrics: ServiceMetrics | None = None,
+        isolate_requests: bool = False,
     ) -> None:
         self.name = name
+        # True for a model whose outputs depend on batch composition: the batch still takes
+        # one executor hop, but each request's items run as their own inference call, so
+        # an answer never depends on which other requests happened to be in flight.
+        self._isolate = isolate_requests
         self._metrics = metrics
         self._fn = fn
         self._executor = executor
@@ -198,8 +203,15 @@ class MicroBatcher(Generic[In, Out]):
                 admitted = [r for r in live if r.deadline > started and not r.future.done()]
                 if not admitted:
                     return [], [], started, 0.0, 0.0
-                items = [item for r in admitted for item in r.items]
-                outputs, tok_s, inf_s = self._fn(items)
+                if not self._isolate:
+                    items = [item for r in admitted for item in r.items]
+                    outputs, tok_s, inf_s = self._fn(items)
+                    return admitted, outputs, started, tok_s, inf_s
+                outputs, tok_s, inf_s = [], 0.0, 0.0
+                for r in admitted:
+                    part, t, i = self._fn(r.items)
+                    outputs.extend(part)
+                    tok_s, inf_s = tok_s + t, inf_s + i
                 return admitted, outputs, started, tok_s, inf_s
 
             admitted, outputs, started, tok_s, inf_s = await loop.run_in_executor(
@@ -299,17 +311,17 @@ class ModelRuntime:
         common = dict(max_wait_s=max_wait_ms / 1000, max_queue=max_queue, concurrency=workers, metrics=metrics)
         self._queries: MicroBatcher[str, FloatArray] = MicroBatcher(
             "embed-query", _timed_embed(embedder, "query"), self.executor,
-            max_batch=max(max_batch, 32), **common,  # type: ignore[arg-type]
+            max_batch=max(max_batch, 32), isolate_requests=not embedder.batch_invariant, **common,  # type: ignore[arg-type]
         )
         self._passages: MicroBatcher[str, FloatArray] = MicroBatcher(
             "embed-passage", _timed_embed(embedder, "passage"), self.ingest_executor,
-            max_batch=max_batch, **{**common, "concurrency": ingest_workers or workers},  # type: ignore[arg-type]
+            max_batch=max_batch, isolate_requests=not embedder.batch_invariant, **{**common, "concurrency": ingest_workers or workers},  # type: ignore[arg-type]
         )
         self._rerank: MicroBatcher[tuple[str, str], float] | None = None
         if reranker is not None:
             self._rerank = MicroBatcher(
                 "rerank", _timed_rerank(reranker), self.executor,
-                max_batch=max(max_batch, 32), **common,  # type: ignore[arg-type]
+                max_batch=max(max_batch, 32), isolate_requests=not reranker.batch_invariant, **common,  # type: ignore[arg-type]
             )
         self._batchers: list[MicroBatcher[str, FloatArray] | MicroBatcher[tuple[str, str], float]] = [
             self._queries, self._passages

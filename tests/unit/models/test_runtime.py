@@ -124,3 +124,67 @@ async def test_runtime_embeds_and_reranks_in_the_pool() -> None:
     await rt.embed_query("another", deadline)
     assert seen and loop_thread not in seen, "model work must run in the executor pool"
     await rt.close()
+
+
+async def test_isolating_batcher_runs_each_request_alone_in_one_hop() -> None:
+    """A batch-dependent model: requests still share an executor hop, never an inference call."""
+    import concurrent.futures
+
+    calls: list[list[int]] = []
+    hops = 0
+    gate = threading.Event()
+
+    def run(items: list[int]) -> tuple[list[int], float, float]:
+        calls.append(list(items))
+        gate.wait(5)
+        return [i * 10 for i in items], 0.0, 0.0
+
+    ex = concurrent.futures.ThreadPoolExecutor(1)
+    b: MicroBatcher[int, int] = MicroBatcher("t", run, ex, max_batch=32, max_wait_s=0.05, max_queue=100,
+                                             concurrency=1, isolate_requests=True)
+    b.start()
+    deadline = time.monotonic() + 5
+    requests = [[1], [2, 3], [4, 5, 6], [7]]
+    pending = asyncio.gather(*(b.submit(r, deadline) for r in requests))
+    await asyncio.sleep(0.1)
+    gate.set()
+    results = await pending
+    hops = b.batches_run
+    assert [r[0] for r in results] == [[i * 10 for i in r] for r in requests]
+    assert sorted(map(tuple, calls)) == sorted(map(tuple, requests)), "one inference call per request"
+    assert hops < len(requests), "the requests should still have shared executor hops"
+    await b.close()
+    ex.shutdown()
+
+
+@pytest.mark.slow
+async def test_int8_answers_do_not_depend_on_concurrent_requests(models_dir) -> None:  # type: ignore[no-untyped-def]
+    """The int8 graphs quantize activations per tensor, over the whole batch: merged with a
+    long concurrent request, a query's embedding and a pair's rerank logit used to shift
+    (cosine ~0.997, ~0.1 logit). The runtime keeps requests apart, so they must not."""
+    from service.models.onnx_cross_encoder import load_cross_encoder
+    from service.models.onnx_embedder import load_embedder
+
+    embedder = load_embedder(models_dir / "multilingual-e5-small-int8")
+    reranker_dir = models_dir / "e5-small-split-reranker-int8"
+    if not reranker_dir.is_dir():
+        pytest.skip("the shipped reranker is not built here (`make models`)")
+    reranker = load_cross_encoder(reranker_dir)
+    assert not embedder.batch_invariant and not reranker.batch_invariant
+    query, passage = "退款需要多长时间审核", "保险公司收到退保申请后，一般在30天内完成审核并退款。"
+    other = "a much longer and entirely different question about something else " * 4
+    runtime = ModelRuntime(embedder, reranker, workers=1, max_wait_ms=50)
+    await runtime.start()
+    try:
+        deadline = time.monotonic() + 60
+        alone_vec, _ = await runtime._queries.submit([query], deadline)
+        (alone_logit,), _ = await runtime.rerank(query, [passage], deadline)
+        together = await asyncio.gather(runtime._queries.submit([other], deadline),
+                                        runtime._queries.submit([query], deadline),
+                                        runtime.rerank(other, [other * 3, passage], deadline),
+                                        runtime.rerank(query, [passage], deadline))
+        assert together[1][1].batch_size > 1 or together[3][1].batch_size > 1, "nothing was merged"
+        np.testing.assert_array_equal(together[1][0][0], alone_vec[0])
+        assert together[3][0][0] == alone_logit
+    finally:
+        await runtime.close()
