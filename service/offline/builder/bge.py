@@ -35,6 +35,7 @@ from onnx import TensorProto, helper
 from service.models.manifest import MANIFEST, MODEL_FILE, TOKENIZER_FILE, sha256_file, write_manifest
 from service.offline.builder.bert_graph import EMBEDDING_OUTPUT
 from service.offline.builder.e5 import Log, _stderr
+from service.offline.builder.reranker import ArtifactMismatch
 
 GROUP = "dev.langchain4j"
 VERSION = "0.36.2"
@@ -143,6 +144,45 @@ def serving_tokenizer(raw: str) -> str:
                       "pad_id": pad_id, "pad_type_id": 0, "pad_token": "[PAD]"}
     tok["truncation"] = None
     return json.dumps(tok, ensure_ascii=False)
+
+
+ARTIFACTS = Path(__file__).with_name("artifacts")
+CARD_FILE = "card.json"
+
+
+def shipped_cards() -> list[dict[str, Any]]:
+    """The committed cards of bge builds that ``make models`` produces (artifacts/<model id>/
+    card.json with ``"family": "bge"``): which jar (pinned by sha256) and which ONNX it must give."""
+    cards = []
+    for path in sorted(ARTIFACTS.glob(f"*/{CARD_FILE}")):
+        card: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        if card.get("family") == "bge":
+            cards.append(card)
+    return cards
+
+
+def build_shipped(out_dir: Path, force: bool = False, log: Log = _stderr) -> list[Path]:
+    """Build every carded bge model, checking the jar against the card's pin before use and
+    the built ONNX against the card's hash after (the build is deterministic). Without the
+    jar and without mvn to fetch it, the model is skipped with a note: nothing serves it by
+    default, so a machine without Maven still gets every model the service needs."""
+    built = []
+    for card in shipped_cards():
+        variant = VARIANTS[card["name"]]
+        try:
+            jar = fetch_jar(variant.artifact, log)
+        except (FileNotFoundError, subprocess.CalledProcessError) as exc:
+            log(f"{variant.model_id}: skipped ({exc})")
+            continue
+        jar_sha = sha256_file(jar)
+        if jar_sha != card["source"]["jar_sha256"]:
+            raise ArtifactMismatch(f"{jar}: sha256 {jar_sha}, the card pins {card['source']['jar_sha256']}")
+        [model_dir] = build_bge(out_dir, (variant.model_id,), force=force, log=log)
+        onnx_sha = json.loads((model_dir / MANIFEST).read_text(encoding="utf-8"))["onnx_sha256"]
+        if onnx_sha != card["onnx_sha256"]:
+            raise ArtifactMismatch(f"{model_dir}: built ONNX sha256 {onnx_sha}, the card pins {card['onnx_sha256']}")
+        built.append(model_dir)
+    return built
 
 
 def is_current(model_dir: Path, source_sha256: str, query_prefix: str) -> bool:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -13,14 +14,18 @@ import pytest
 from onnx import TensorProto, helper
 
 from service.models.onnx_embedder import load_embedder
+from service.offline.builder import bge
 from service.offline.builder.bge import (
     INSTRUCTION_EN,
     VARIANTS,
     add_cls_pooling,
     build_bge,
+    build_shipped,
     jar_path,
     serving_tokenizer,
+    shipped_cards,
 )
+from service.offline.builder.reranker import ArtifactMismatch
 
 
 def _jar_like_graph(dim: int = 4) -> onnx.ModelProto:
@@ -98,8 +103,6 @@ def test_real_build_matches_the_jars_graph(tmp_path: Path) -> None:
     texts = ["How do I cancel my life insurance policy?", "Car insurance covers collisions."]
     encoded = embedder.tokenize(texts, "passage")
     vectors = embedder.infer(encoded)
-    import zipfile
-
     with zipfile.ZipFile(jar_path(variant.artifact)) as z:
         original = ort.InferenceSession(z.read(f"{variant.stem}.onnx"), providers=["CPUExecutionProvider"])
     hidden = original.run(["last_hidden_state"], {"input_ids": encoded.input_ids, "attention_mask": encoded.attention_mask,
@@ -107,3 +110,38 @@ def test_real_build_matches_the_jars_graph(tmp_path: Path) -> None:
     np.testing.assert_allclose(vectors, hidden / np.linalg.norm(hidden, axis=1, keepdims=True), atol=1e-5)
     query = embedder.infer(embedder.tokenize(["cancel life insurance"], "query"))[0]
     assert float(query @ vectors[0]) > float(query @ vectors[1])  # the on-topic passage is nearer
+
+
+def test_the_english_int8_is_carded_for_make_models() -> None:
+    cards = {c["name"]: c for c in shipped_cards()}
+    card = cards["bge-small-en-v1.5-int8"]
+    assert card["kind"] == "embedding" and len(card["source"]["jar_sha256"]) == 64 and len(card["onnx_sha256"]) == 64
+
+
+def test_shipped_build_is_skipped_without_the_jar_or_mvn(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(bge, "maven_repo", lambda: tmp_path / "empty-m2")
+    monkeypatch.setattr(bge.shutil, "which", lambda name: None)
+    notes: list[str] = []
+    assert build_shipped(tmp_path / "models", log=notes.append) == []
+    assert any("skipped" in n and "mvn is not installed" in n for n in notes)
+
+
+def test_shipped_build_refuses_a_jar_the_card_does_not_pin(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    card = next(c for c in shipped_cards() if c["name"] == "bge-small-en-v1.5-int8")
+    fake = jar_path(card["source"]["maven"].split(":")[1], tmp_path)
+    fake.parent.mkdir(parents=True)
+    with zipfile.ZipFile(fake, "w") as z:
+        z.writestr("README", "not the pinned jar")
+    monkeypatch.setattr(bge, "maven_repo", lambda: tmp_path)
+    with pytest.raises(ArtifactMismatch, match="the card pins"):
+        build_shipped(tmp_path / "models")
+    assert not (tmp_path / "models" / card["name"]).exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not jar_path(VARIANTS["bge-small-en-v1.5-int8"].artifact).is_file(),
+                    reason="bge-small-en-v15-q jar not in ~/.m2 (mvn dependency:get fetches it)")
+def test_shipped_build_gives_the_carded_onnx(tmp_path: Path) -> None:
+    [model_dir] = build_shipped(tmp_path)
+    card = next(c for c in shipped_cards() if c["name"] == model_dir.name)
+    assert json.loads((model_dir / "manifest.json").read_text())["onnx_sha256"] == card["onnx_sha256"]
