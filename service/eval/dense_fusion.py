@@ -27,6 +27,9 @@ from service.eval.datasets import load_insuranceqa
 from service.eval.metrics import evaluate
 
 DEPTH = 100
+# With --grid: every leg but the first (the reference dense leg, weight 1) gets each weight.
+GRID_RRF_KS = (5, 10, 20, 60)
+GRID_WEIGHTS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.5)
 
 
 def rrf_fuse_legs(legs: Sequence[tuple[Sequence[str], float]], *, k: int, depth: int = DEPTH) -> list[str]:
@@ -62,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--split", choices=["train", "valid"], default="valid")
     p.add_argument("--leg", type=_parse_leg, action="append", required=True, help="NAME=RUN_JSON:WEIGHT (repeat)")
     p.add_argument("--rrf-k", type=int, default=10)
+    p.add_argument("--grid", action="store_true",
+                   help="also search rrf_k and every leg's weight but the first one's (fixed at 1) by nDCG@10 "
+                        "on these runs: tune on train runs, then pass the winner to a valid run")
     a = p.parse_args(argv)
     qrels_all = load_insuranceqa(a.split, a.lang).qrels
     legs = [(name, json.loads(path.read_text()), w) for name, path, w in a.leg]
@@ -70,9 +76,29 @@ def main(argv: list[str] | None = None) -> int:
     rows = {name: evaluate(run, qrels) for name, run, _ in legs}
     label = " + ".join(f"{w:g}*{name}" for name, _, w in legs) + f" (rrf_k {a.rrf_k})"
     rows[label] = evaluate(fuse_runs([(run, w) for _, run, w in legs], k=a.rrf_k), qrels)
-    print(json.dumps({"queries": len(qrels), "rows": {n: {m: round(v, 4) for m, v in r.items()} for n, r in rows.items()}},
-                     indent=1, ensure_ascii=False))
+    report: dict[str, object] = {"queries": len(qrels),
+                                 "rows": {n: {m: round(v, 4) for m, v in r.items()} for n, r in rows.items()}}
+    if a.grid:
+        report["grid_best"] = grid_search([(name, run) for name, run, _ in legs], qrels)
+    print(json.dumps(report, indent=1, ensure_ascii=False))
     return 0
+
+
+def grid_search(legs: Sequence[tuple[str, Mapping[str, list[str]]]], qrels: Mapping[str, set[str]]) -> dict[str, object]:
+    """Best nDCG@10 over rrf_k x weights (first leg fixed at 1.0), ties to the smaller k."""
+    from itertools import product
+
+    best: dict[str, object] = {}
+    best_score = -1.0
+    for k in GRID_RRF_KS:
+        for weights in product(GRID_WEIGHTS, repeat=len(legs) - 1):
+            run = fuse_runs([(legs[0][1], 1.0), *((r, w) for (_, r), w in zip(legs[1:], weights))], k=k)
+            score = evaluate(run, qrels)["ndcg@10"]
+            if score > best_score:
+                best_score = score
+                best = {"rrf_k": k, "weights": {legs[0][0]: 1.0, **{n: w for (n, _), w in zip(legs[1:], weights)}},
+                        "ndcg@10": round(score, 4)}
+    return best
 
 
 if __name__ == "__main__":

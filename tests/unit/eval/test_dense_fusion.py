@@ -31,3 +31,14 @@ def test_leg_spec_parsing() -> None:
     assert _parse_leg("bge=/tmp/runs/x-knn.json:0.5")[::2] == ("bge", 0.5)
     with pytest.raises(Exception, match="NAME=PATH:WEIGHT"):
         _parse_leg("=x.json:1")
+
+
+def test_grid_search_finds_the_leg_that_carries_the_answers() -> None:
+    from service.eval.dense_fusion import grid_search
+
+    qrels = {"q1": {"a"}, "q2": {"b"}}
+    good = {"q1": ["a", "x"], "q2": ["b", "y"]}
+    bad = {"q1": ["x", "y", "z", "w", "a"], "q2": ["y", "x", "z", "w", "b"]}
+    best = grid_search([("good", good), ("bad", bad)], qrels)
+    assert best["ndcg@10"] == 1.0
+    assert best["weights"] == {"good": 1.0, "bad": 0.0}
