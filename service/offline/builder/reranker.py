@@ -40,7 +40,12 @@ GATE_FILE = "valid_gate.json"
 CALIBRATION_FILE = "quality_calibration.json"
 ARCHITECTURE = "split"
 # Bump when the assembly changes what it writes: forces a rebuild.
-ASSEMBLY_VERSION = 1
+# 2: also writes the two-graph layout (``lower.onnx`` + ``joint.onnx``) for cached passage states.
+ASSEMBLY_VERSION = 2
+# The split reranker cut at its split point (README "Cached passage states"): ids -> states
+# at layer ``lower`` (queries and passages alike), and states of both sides -> the logit.
+LOWER_FILE = "lower.onnx"
+JOINT_FILE = "joint.onnx"
 Log = Callable[[str], None]
 F32 = npt.NDArray[np.float32]
 
@@ -100,7 +105,7 @@ def _is_current(final: Path, delta_sha: str) -> bool:
     except (OSError, ValueError):
         return False
     return (m.get("artifact", {}).get("delta_sha256") == delta_sha and m.get("assembly_version") == ASSEMBLY_VERSION
-            and (final / MODEL_FILE).is_file() and (final / TOKENIZER_FILE).is_file())
+            and all((final / f).is_file() for f in (MODEL_FILE, TOKENIZER_FILE, LOWER_FILE, JOINT_FILE)))
 
 
 def assemble(src_dir: Path, out_dir: Path, precision: str = "int8", *, force: bool = False, check: bool = True,
@@ -137,9 +142,18 @@ def assemble(src_dir: Path, out_dir: Path, precision: str = "int8", *, force: bo
     try:
         write_split_onnx(src, int(layout["lower"]), tensors, int(card["upper_layers"]), precision,
                          str(work / MODEL_FILE), name)
+        for part, file in (("lower", LOWER_FILE), ("joint", JOINT_FILE)):
+            write_split_onnx(src, int(layout["lower"]), tensors, int(card["upper_layers"]), precision,
+                             str(work / file), f"{name}-{part}", part)  # type: ignore[arg-type]
         (work / TOKENIZER_FILE).write_text(build_tokenizer(src.vocab, MAX_LENGTH).to_str(), encoding="utf-8")
         onnx_sha = sha256_file(work / MODEL_FILE)
-        expected = card.get("builds", {}).get(precision, {}).get("onnx_sha256")
+        part_shas = {"lower_onnx_sha256": sha256_file(work / LOWER_FILE), "joint_onnx_sha256": sha256_file(work / JOINT_FILE)}
+        build_card = card.get("builds", {}).get(precision, {})
+        expected = build_card.get("onnx_sha256")
+        for key, sha in part_shas.items():
+            if check and key in build_card and build_card[key] != sha:
+                raise ArtifactMismatch(f"{name}: assembled {key[:-len('_onnx_sha256')]} graph sha256 {sha[:12]} "
+                                       f"is not the card's {str(build_card[key])[:12]}")
         if check and onnx_sha != expected:
             import onnx
             import onnxruntime
@@ -164,6 +178,8 @@ def assemble(src_dir: Path, out_dir: Path, precision: str = "int8", *, force: bo
             "source": {"package": SOURCE_PACKAGE, "version": SOURCE_VERSION, "file": SOURCE_FILE, "sha256": base_sha},
             "artifact": {"dir": str(src_dir), "delta_sha256": delta_sha, "card_version": card.get("card_version")},
             "onnx_sha256": onnx_sha,
+            # The two-graph layout: joint(lower(query), lower(passage)) == model.onnx.
+            "states": {"lower_file": LOWER_FILE, "joint_file": JOINT_FILE, **part_shas},
             "calibration": card.get("calibration", {}),
             "assembly_version": ASSEMBLY_VERSION,
             "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
