@@ -67,6 +67,10 @@ class Config:
     # Negative: the alpha tuned on valid for the model (its gate file), else 1.0.
     rerank_alpha: float = -1.0
     rerank_max_length: int = 256
+    # Compute the reranker's passage states at ingest and store them with each chunk, so a
+    # rerank runs only the query's lower layers and the joint layers (README "Cached passage
+    # states"); chunks without current states are computed at rerank time either way.
+    rerank_states: bool = True
     # The quality gate for requests that set none (below it: INSUFFICIENT). 0: the
     # calibrations' "nothing here" gate (per leg set and language, fitted against off-domain
     # questions) on the top item, which keeps the whole list when it passes; a value in
