@@ -22,7 +22,7 @@ import numpy as np
 from service.models._ort import load_tokenizer, make_session, pad_batch
 from service.models.base import CrossEncoderBackend, Encoded, FloatArray, ModelInfo, pad_rows
 from service.models.manifest import MODEL_FILE, TOKENIZER_FILE, read_manifest
-from service.models.passage_states import STATES_FORMAT, decode_states, encode_states
+from service.models.passage_states import StatesCodec
 
 
 class OnnxCrossEncoder(CrossEncoderBackend):
@@ -58,8 +58,12 @@ class OnnxCrossEncoder(CrossEncoderBackend):
         if self.split and isinstance(states, dict):
             self._lower = make_session(model_dir / str(states["lower_file"]), threads)
             self._joint = make_session(model_dir / str(states["joint_file"]), threads)
-            # What makes stored states usable: the lower graph that wrote them and the format.
-            self.states_key = f"{self.info.model_id}:lower-{str(states['lower_onnx_sha256'])[:16]}:f{STATES_FORMAT}"
+            projection = states.get("projection_file")
+            self._codec = StatesCodec.load(model_dir / str(projection) if projection else None)
+            # What makes stored states usable: the lower graph that wrote them, the projection
+            # and the format.
+            self.states_key = (f"{self.info.model_id}:lower-{str(states['lower_onnx_sha256'])[:16]}"
+                               f":proj-{str(states.get('projection_sha256', 'none'))[:16]}:f{self._codec.fmt}")
 
     def _split_init(self, manifest: dict[str, object]) -> None:
         tok = self._tokenizer
@@ -104,7 +108,7 @@ class OnnxCrossEncoder(CrossEncoderBackend):
             return super().passage_states(passages)
         if not passages:
             return []
-        return [encode_states(x) for x in self._lower_states(self._passage_rows(passages))]
+        return [self._codec.encode(x) for x in self._lower_states(self._passage_rows(passages))]
 
     def tokenize_with_states(self, pairs: list[tuple[str, str]], states: Sequence[bytes | None]) -> Encoded:
         if self.states_key is None or not any(s is not None for s in states):
@@ -113,10 +117,8 @@ class OnnxCrossEncoder(CrossEncoderBackend):
         q_rows = [self._assemble(e.ids, self._query_prefix, self.max_query_tokens)
                   for e in self._tokenizer.encode_batch(distinct, add_special_tokens=False)]
         missing = [i for i, s in enumerate(states) if s is None]
-        stored: dict[int, np.ndarray] = {}
-        for i, blob in enumerate(states):
-            if blob is not None:
-                stored[i] = decode_states(blob)
+        present = [(i, blob) for i, blob in enumerate(states) if blob is not None]
+        stored = dict(zip((i for i, _ in present), self._codec.decode_many([blob for _, blob in present])))
         n = len(pairs)
         return Encoded(input_ids=np.zeros((n, 0), np.int64), attention_mask=np.zeros((n, 0), np.int64), extra={
             "query_rows": q_rows,

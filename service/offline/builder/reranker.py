@@ -31,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from service.models.manifest import MANIFEST, MODEL_FILE, TOKENIZER_FILE, sha256_file, write_manifest
+from service.models.passage_states import PROJECTION_FILE
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
 RERANKER_NAME = "e5-small-split-reranker"
@@ -99,12 +100,18 @@ def model_dir_name(card: dict[str, Any], precision: str) -> str:
     return f"{card['name']}-{precision}"
 
 
-def _is_current(final: Path, delta_sha: str) -> bool:
+def _projection_sha(src_dir: Path) -> str | None:
+    path = src_dir / PROJECTION_FILE
+    return sha256_file(path) if path.is_file() else None
+
+
+def _is_current(final: Path, delta_sha: str, projection_sha: str | None) -> bool:
     try:
         m = json.loads((final / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     return (m.get("artifact", {}).get("delta_sha256") == delta_sha and m.get("assembly_version") == ASSEMBLY_VERSION
+            and m.get("states", {}).get("projection_sha256") == projection_sha
             and all((final / f).is_file() for f in (MODEL_FILE, TOKENIZER_FILE, LOWER_FILE, JOINT_FILE)))
 
 
@@ -124,7 +131,8 @@ def assemble(src_dir: Path, out_dir: Path, precision: str = "int8", *, force: bo
         raise ArtifactMismatch(f"{delta}: sha256 {delta_sha[:12]} is not the card's {card['delta']['sha256'][:12]}")
     name = model_dir_name(card, precision)
     final = out_dir / name
-    if not force and _is_current(final, delta_sha):
+    projection_sha = _projection_sha(src_dir)
+    if not force and _is_current(final, delta_sha, projection_sha):
         _copy_sidecars(src_dir, final)
         log(f"{name}: up to date, skipping")
         return final
@@ -163,6 +171,9 @@ def assemble(src_dir: Path, out_dir: Path, precision: str = "int8", *, force: bo
                 f"(card built with onnx {card.get('toolchain', {}).get('onnx')} / onnxruntime "
                 f"{card.get('toolchain', {}).get('onnxruntime')}; here onnx {onnx.__version__} / onnxruntime "
                 f"{onnxruntime.__version__}): the gate and calibration do not apply to this build")
+        if projection_sha is not None:  # the stored states' down-projection (passage_states.py)
+            shutil.copyfile(src_dir / PROJECTION_FILE, work / PROJECTION_FILE)
+            part_shas.update(projection_file=PROJECTION_FILE, projection_sha256=projection_sha)
         manifest: dict[str, Any] = {
             "model_id": name,
             "kind": "cross-encoder",

@@ -16,7 +16,7 @@ import pytest
 
 from service.models.manifest import MANIFEST, MODEL_FILE, TOKENIZER_FILE
 from service.models.onnx_cross_encoder import OnnxCrossEncoder
-from service.models.passage_states import decode_states, encode_states
+from service.models.passage_states import StatesCodec, decode_states, encode_states, save_projection
 from service.offline.builder.tiny_cross_encoder import build_tiny_split_cross_encoder
 
 PAIRS = [
@@ -54,6 +54,28 @@ def test_codec_refuses_what_it_did_not_write() -> None:
         decode_states(b"\x09" + blob[1:])
     with pytest.raises(ValueError, match="header"):
         decode_states(b"\x01")
+
+
+def test_projected_codec(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    hidden, dims = 32, 8
+    basis, _ = np.linalg.qr(rng.standard_normal((hidden, hidden)))
+    components = basis[:, :dims].T.astype(np.float32)  # orthonormal rows
+    mean = rng.standard_normal(hidden).astype(np.float32)
+    save_projection(tmp_path / "p.npz", mean, components)
+    codec = StatesCodec.load(tmp_path / "p.npz")
+    # States inside the projected subspace come back (up to int8), outside it are dropped.
+    inside = (mean + rng.standard_normal((5, dims)).astype(np.float32) @ components).astype(np.float32)
+    blob = codec.encode(inside)
+    assert len(blob) == 5 + 5 * 2 + 5 * dims and codec.fmt == 2
+    np.testing.assert_allclose(codec.decode(blob), inside, atol=0.05)
+    with pytest.raises(ValueError, match="format"):  # a full-width blob is not this model's
+        codec.decode(StatesCodec().encode(inside))
+    with pytest.raises(ValueError, match="format"):
+        StatesCodec().decode(blob)
+    save_projection(tmp_path / "bad.npz", mean[:4], components)
+    with pytest.raises(ValueError, match="do not fit"):
+        StatesCodec.load(tmp_path / "bad.npz")
 
 
 def test_cut_graphs_equal_the_one_graph(tiny_split: OnnxCrossEncoder) -> None:
