@@ -116,9 +116,17 @@ class OnnxCrossEncoder(CrossEncoderBackend):
         distinct = list(dict.fromkeys(q for q, _ in pairs))
         q_rows = [self._assemble(e.ids, self._query_prefix, self.max_query_tokens)
                   for e in self._tokenizer.encode_batch(distinct, add_special_tokens=False)]
-        missing = [i for i, s in enumerate(states) if s is None]
         present = [(i, blob) for i, blob in enumerate(states) if blob is not None]
-        stored = dict(zip((i for i, _ in present), self._codec.decode_many([blob for _, blob in present])))
+        try:
+            stored = dict(zip((i for i, _ in present), self._codec.decode_many([blob for _, blob in present])))
+        except ValueError:  # a blob this model cannot read: compute that passage's states
+            stored = {}
+            for i, blob in present:
+                try:
+                    stored[i] = self._codec.decode(blob)
+                except ValueError:
+                    pass
+        missing = [i for i in range(len(pairs)) if i not in stored]
         n = len(pairs)
         return Encoded(input_ids=np.zeros((n, 0), np.int64), attention_mask=np.zeros((n, 0), np.int64), extra={
             "query_rows": q_rows,

@@ -103,6 +103,11 @@ def test_missing_states_fall_back_to_computing_them(tiny_split: OnnxCrossEncoder
     assert enc.extra["missing"] == [0, 2]
     mixed = tiny_split.infer(enc)
     np.testing.assert_allclose(mixed[[0, 2]], whole[[0, 2]], atol=1e-5)  # recomputed: exact
+    # A blob this model cannot read (another format, truncated) is computed, not fatal.
+    broken = [states[0][:-3], b"\x09" + states[1][1:], *states[2:]]
+    enc = tiny_split.tokenize_with_states(PAIRS, broken)
+    assert enc.extra["missing"] == [0, 1]
+    np.testing.assert_allclose(tiny_split.infer(enc)[:2], whole[:2], atol=1e-5)
     # No states at all: the one-graph path, exactly the plain tokenize.
     none = tiny_split.tokenize_with_states(PAIRS, [None] * len(PAIRS))
     assert "stored" not in none.extra
