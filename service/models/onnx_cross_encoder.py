@@ -32,7 +32,8 @@ class OnnxCrossEncoder(CrossEncoderBackend):
     batch and a long query cannot make the pair untruncatable. Thread-safe, like
     ``OnnxEmbedder``."""
 
-    def __init__(self, model_dir: Path, threads: int = 1, max_length: int | None = None) -> None:
+    def __init__(self, model_dir: Path, threads: int = 1, max_length: int | None = None,
+                 compact_states: bool = False) -> None:
         manifest = read_manifest(model_dir, "cross-encoder")
         limit = int(manifest["max_length"])
         self.max_length = min(max_length or limit, limit)
@@ -58,12 +59,14 @@ class OnnxCrossEncoder(CrossEncoderBackend):
         if self.split and isinstance(states, dict):
             self._lower = make_session(model_dir / str(states["lower_file"]), threads)
             self._joint = make_session(model_dir / str(states["joint_file"]), threads)
-            projection = states.get("projection_file")
+            # compact: the artifact's down-projection (when it has one); else full width.
+            projection = states.get("projection_file") if compact_states else None
             self._codec = StatesCodec.load(model_dir / str(projection) if projection else None)
             # What makes stored states usable: the lower graph that wrote them, the projection
             # and the format.
+            proj = str(states.get("projection_sha256", ""))[:16] if projection else "none"
             self.states_key = (f"{self.info.model_id}:lower-{str(states['lower_onnx_sha256'])[:16]}"
-                               f":proj-{str(states.get('projection_sha256', 'none'))[:16]}:f{self._codec.fmt}")
+                               f":proj-{proj}:f{self._codec.fmt}")
 
     def _split_init(self, manifest: dict[str, object]) -> None:
         tok = self._tokenizer
@@ -98,10 +101,15 @@ class OnnxCrossEncoder(CrossEncoderBackend):
         return [self._assemble(e.ids, self._passage_prefix, self._passage_max) for e in encoded]
 
     def _lower_states(self, rows: list[list[int]]) -> list[np.ndarray]:
-        """The lower layers on token rows -> one [tokens, hidden] float32 array per row."""
-        ids, mask = pad_rows(rows, self._pad_id)
-        out = np.asarray(self._lower.run(None, {"input_ids": ids, "attention_mask": mask})[0], dtype=np.float32)
-        return [out[i, : len(r)] for i, r in enumerate(rows)]
+        """The lower layers on token rows -> one [tokens, hidden] float32 array per row, run
+        in length-sorted groups so short passages are not padded to the longest."""
+        out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(rows)
+        for group in _length_groups([len(r) for r in rows]):
+            ids, mask = pad_rows([rows[i] for i in group], self._pad_id)
+            states = np.asarray(self._lower.run(None, {"input_ids": ids, "attention_mask": mask})[0], dtype=np.float32)
+            for j, i in enumerate(group):
+                out[i] = states[j, : len(rows[i])]
+        return out
 
     def passage_states(self, passages: list[str]) -> list[bytes]:
         if self.states_key is None:
@@ -142,7 +150,10 @@ class OnnxCrossEncoder(CrossEncoderBackend):
         q_states = self._lower_states(ex["query_rows"])
         per_row: dict[int, np.ndarray] = dict(ex["stored"])
         if ex["missing"]:
-            per_row.update(zip(ex["missing"], self._lower_states(ex["missing_rows"])))
+            # Through the same codec as the stored ones, so a head that mixes stored and
+            # computed states ranks them alike (a projection shifts logits).
+            computed = self._codec.decode_many([self._codec.encode(x) for x in self._lower_states(ex["missing_rows"])])
+            per_row.update(zip(ex["missing"], computed))
         hidden = q_states[0].shape[1]
 
         def stack(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -155,11 +166,15 @@ class OnnxCrossEncoder(CrossEncoderBackend):
             return x, mask
 
         qx, qmask = stack(q_states)
-        px, pmask = stack([per_row[i] for i in range(n)])
         of = ex["query_of"]
-        out = self._joint.run(None, {"query_states": qx[of], "query_mask": qmask[of],
-                                     "passage_states": px, "passage_mask": pmask})[0]
-        return np.asarray(out, dtype=np.float32).reshape(n)
+        logits = np.zeros(n, np.float32)
+        for group in _length_groups([per_row[i].shape[0] for i in range(n)]):
+            px, pmask = stack([per_row[i] for i in group])
+            rows = of[group]
+            out = self._joint.run(None, {"query_states": qx[rows], "query_mask": qmask[rows],
+                                         "passage_states": px, "passage_mask": pmask})[0]
+            logits[group] = np.asarray(out, dtype=np.float32).reshape(len(group))
+        return logits
 
     def tokenize(self, pairs: list[tuple[str, str]]) -> Encoded:
         if self.split:
@@ -192,5 +207,17 @@ class OnnxCrossEncoder(CrossEncoderBackend):
         return np.asarray(out, dtype=np.float32).reshape(encoded.batch_size)
 
 
-def load_cross_encoder(model_dir: Path, threads: int = 1, max_length: int | None = None) -> OnnxCrossEncoder:
-    return OnnxCrossEncoder(model_dir, threads=threads, max_length=max_length)
+# Rows per length-sorted group: padding waste against per-call overhead (20 InsuranceQA
+# passages of 60-192 tokens: about a third fewer padded tokens in groups of 8).
+_GROUP_ROWS = 8
+
+
+def _length_groups(lengths: list[int]) -> list[list[int]]:
+    """Row indices sorted by length, cut into groups of ``_GROUP_ROWS``."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    return [order[k : k + _GROUP_ROWS] for k in range(0, len(order), _GROUP_ROWS)]
+
+
+def load_cross_encoder(model_dir: Path, threads: int = 1, max_length: int | None = None,
+                       compact_states: bool = False) -> OnnxCrossEncoder:
+    return OnnxCrossEncoder(model_dir, threads=threads, max_length=max_length, compact_states=compact_states)
