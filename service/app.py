@@ -122,7 +122,8 @@ def resolve_reranker(cfg: Config) -> RerankerChoice:
         why = gate_failure(gate, str(read_manifest(path, "cross-encoder").get("onnx_sha256", "")))
         if why:
             return RerankerChoice(None, f"default reranker {DEFAULT_RERANKER} not used: {why}")
-    backend = load_cross_encoder(path, threads=cfg.model_threads, max_length=cfg.rerank_max_length)
+    backend = load_cross_encoder(path, threads=cfg.model_threads, max_length=cfg.rerank_max_length,
+                                 compact_states=cfg.rerank_states_compact)
     return RerankerChoice(backend, alpha=_alpha(cfg, gate), model_dir=path)
 
 

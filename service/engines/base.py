@@ -67,6 +67,11 @@ class ChunkRecord:
     metadata: Mapping[str, str] = field(default_factory=dict)
     content_hash: str = ""  # hash of the whole source document version (idempotent ingest)
     vector: Vector | None = None  # unit-length embedding of search_text
+    # The reranker's passage states for this chunk (service/models/passage_states.py) and the
+    # key of the model that wrote them; stored with the chunk (so a re-ingest replaces them)
+    # but never carried by search hits. Read them with ``Engine.passage_states``.
+    rerank_states: bytes | None = None
+    rerank_states_key: str = ""
 
 
 @dataclass(frozen=True)
@@ -172,3 +177,10 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     async def versions(self, source_id: str) -> list[str]:
         """Versions of a source that are stored now (any status), sorted."""
+
+    async def passage_states(self, chunks: Sequence[tuple[str, str]], states_key: str) -> dict[str, bytes]:
+        """Stored reranker passage states by chunk id, for ``(chunk_id, content_hash)`` pairs:
+        only states written with ``states_key`` for a chunk that still has that content hash
+        (anything else is stale, and the reranker computes the states instead). An engine
+        that stores none returns {}."""
+        return {}

@@ -2,6 +2,10 @@
 
 Idempotent: the content hash covers every indexed field and the embedding model, so the
 same source, version and content is a no-op. Changed content replaces only that version.
+With a reranker that can reuse passage states (``runtime.states_key``) and ``rerank_states``
+on, each chunk's states are computed here too and stored with it (README "Cached passage
+states"); the hash leaves the reranker out, so a new reranker does not re-ingest anything:
+its key differs and reranks compute the states until the document is next re-ingested.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from service.config import Config
 from service.engines.base import ChunkRecord, Engine, make_chunk_id
 from service.ingest.chunking import chunk_document
 from service.ingest.documents import DocumentInput, validate_document
+from service.models.passage_states import rerank_passage_text
 from service.models.runtime import ModelRuntime
 
 # Ingest is not latency-critical; give embedding generous room but never wait forever.
@@ -50,9 +55,16 @@ class Ingestor:
             self.cfg.chunk_chars, self.cfg.parent_chars,
         )
         texts = [f"{doc.title}\n{p.breadcrumb}\n{p.text}".strip() for p in pieces]
-        vectors, _ = await self.runtime.embed_passages(
-            texts, time.monotonic() + _EMBED_DEADLINE_S, batch=self.cfg.embed_batch
-        )
+        deadline = time.monotonic() + _EMBED_DEADLINE_S
+        states_key = self.runtime.states_key if self.cfg.rerank_states else None
+        embedding = self.runtime.embed_passages(texts, deadline, batch=self.cfg.embed_batch)
+        if states_key is None:
+            vectors, _ = await embedding
+            states: list[bytes | None] = [None] * len(pieces)
+        else:  # the reranker's passage states, in the same pool, alongside the embeddings
+            (vectors, _), blobs = await asyncio.gather(embedding, self.runtime.passage_states(
+                [rerank_passage_text(doc.title, p.text) for p in pieces], deadline, batch=self.cfg.embed_batch))
+            states = list(blobs)
         records = [
             ChunkRecord(
                 chunk_id=make_chunk_id(doc.source_id, p.index, doc.version),
@@ -61,6 +73,7 @@ class Ingestor:
                 breadcrumb=p.breadcrumb, text=p.text, parent_text=p.parent_text,
                 search_text=text, acl=doc.acl, metadata=dict(doc.metadata),
                 content_hash=content_hash, vector=vectors[i],
+                rerank_states=states[i], rerank_states_key=states_key or "",
             )
             for i, (p, text) in enumerate(zip(pieces, texts))
         ]

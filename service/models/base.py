@@ -80,6 +80,18 @@ class EmbeddingBackend(abc.ABC):
 class CrossEncoderBackend(abc.ABC):
     info: ModelInfo
     batch_invariant: bool = True  # as EmbeddingBackend.batch_invariant
+    # Cached passage states (service/models/passage_states.py): the key stored states must
+    # carry to be used by this model; None = this model cannot use stored states.
+    states_key: str | None = None
+
+    def passage_states(self, passages: list[str]) -> list[bytes]:
+        """Encoded passage states for ``states_key`` (only models that have one)."""
+        raise NotImplementedError(f"{self.info.model_id} has no cached passage states")
+
+    def tokenize_with_states(self, pairs: list[tuple[str, str]], states: Sequence[bytes | None]) -> Encoded:
+        """Like ``tokenize``; a model with a ``states_key`` skips the passages whose stored
+        states are given (row-aligned with ``pairs``) and ``infer`` reuses those states."""
+        return self.tokenize(pairs)
 
     @abc.abstractmethod
     def tokenize(self, pairs: list[tuple[str, str]]) -> Encoded:

@@ -267,14 +267,27 @@ def _timed_embed(
     return run
 
 
-def _timed_rerank(backend: CrossEncoderBackend) -> BatchFn[tuple[str, str], float]:
-    def run(pairs: list[tuple[str, str]]) -> tuple[list[float], float, float]:
+# A rerank item: query, passage, and the passage's stored states (None: compute them).
+RerankItem = tuple[str, str, bytes | None]
+
+
+def _timed_rerank(backend: CrossEncoderBackend) -> BatchFn[RerankItem, float]:
+    def run(items: list[RerankItem]) -> tuple[list[float], float, float]:
         t0 = time.perf_counter()
-        encoded = backend.tokenize(pairs)
+        encoded = backend.tokenize_with_states([(q, p) for q, p, _ in items], [s for _, _, s in items])
         t1 = time.perf_counter()
         logits = backend.infer(encoded)
         t2 = time.perf_counter()
         return [float(x) for x in np.asarray(logits).reshape(-1)], t1 - t0, t2 - t1
+
+    return run
+
+
+def _timed_states(backend: CrossEncoderBackend) -> BatchFn[str, bytes]:
+    def run(passages: list[str]) -> tuple[list[bytes], float, float]:
+        t0 = time.perf_counter()
+        states = backend.passage_states(passages)
+        return states, 0.0, time.perf_counter() - t0
 
     return run
 
@@ -317,15 +330,22 @@ class ModelRuntime:
             "embed-passage", _timed_embed(embedder, "passage"), self.ingest_executor,
             max_batch=max_batch, isolate_requests=not embedder.batch_invariant, **{**common, "concurrency": ingest_workers or workers},  # type: ignore[arg-type]
         )
-        self._rerank: MicroBatcher[tuple[str, str], float] | None = None
+        self._rerank: MicroBatcher[RerankItem, float] | None = None
+        self._states: MicroBatcher[str, bytes] | None = None
         if reranker is not None:
             self._rerank = MicroBatcher(
                 "rerank", _timed_rerank(reranker), self.executor,
                 max_batch=max(max_batch, 32), isolate_requests=not reranker.batch_invariant, **common,  # type: ignore[arg-type]
             )
-        self._batchers: list[MicroBatcher[str, FloatArray] | MicroBatcher[tuple[str, str], float]] = [
-            self._queries, self._passages
-        ] + ([self._rerank] if self._rerank is not None else [])
+        if reranker is not None and reranker.states_key is not None:
+            # Ingest-time work: the ingest pool, like passage embeddings.
+            self._states = MicroBatcher(
+                "rerank-states", _timed_states(reranker), self.ingest_executor,
+                max_batch=max_batch, isolate_requests=not reranker.batch_invariant, **{**common, "concurrency": ingest_workers or workers},  # type: ignore[arg-type]
+            )
+        self._batchers: list[MicroBatcher[str, FloatArray] | MicroBatcher[RerankItem, float]
+                             | MicroBatcher[str, bytes]] = [self._queries, self._passages] + [
+            b for b in (self._rerank, self._states) if b is not None]
 
     @property
     def model_infos(self) -> list[ModelInfo]:
@@ -342,6 +362,8 @@ class ModelRuntime:
         await self._queries.submit(["warm up"], deadline)  # not via the cache: no query asked it
         if self._rerank is not None:
             await self.rerank("warm up", ["warm up"], deadline)
+        if self._states is not None:  # and the two-graph path stored states take
+            await self.rerank("warm up", ["warm up"], deadline, await self.passage_states(["warm up"], deadline))
 
     async def close(self) -> None:
         for batcher in self._batchers:
@@ -380,9 +402,29 @@ class ModelRuntime:
         matrix = np.stack(parts).astype(np.float32) if parts else np.zeros((0, dim), np.float32)
         return matrix, total
 
+    @property
+    def states_key(self) -> str | None:
+        """The key of the passage states the reranker can reuse; None when it cannot."""
+        return self.reranker.states_key if self.reranker is not None else None
+
+    async def passage_states(self, passages: Sequence[str], deadline: float, batch: int = 16) -> list[bytes]:
+        """The reranker's passage states for ``passages`` (ingest; the ingest pool)."""
+        if self._states is None:
+            raise RuntimeError("the reranker has no cached passage states")
+        states = self._states
+        parts = await asyncio.gather(*(states.submit(list(passages[i : i + batch]), deadline)
+                                       for i in range(0, len(passages), batch)))
+        return [blob for blobs, _ in parts for blob in blobs]
+
     async def rerank(
-        self, query: str, passages: Sequence[str], deadline: float
+        self, query: str, passages: Sequence[str], deadline: float,
+        states: Sequence[bytes | None] | None = None,
     ) -> tuple[list[float], Timing]:
+        """Logits for ``passages``; ``states`` (row-aligned, None = compute) are stored
+        passage states for ``states_key``."""
         if self._rerank is None:
             raise RuntimeError("no reranker configured")
-        return await self._rerank.submit([(query, p) for p in passages], deadline)
+        row_states = list(states) if states is not None else [None] * len(passages)
+        if len(row_states) != len(passages):
+            raise ValueError("one states entry per passage")
+        return await self._rerank.submit([(query, p, s) for p, s in zip(passages, row_states)], deadline)

@@ -44,6 +44,7 @@ from service.engines.base import (
 from service.errors import DeadlineExceeded, Overloaded
 from service.ledger.base import NO_GAP_IN_RUN, Ledger, LedgerUnavailable
 from service.ledger.writer import AttemptWriter
+from service.models.passage_states import rerank_passage_text
 from service.models.runtime import ModelRuntime, Timing
 from service.observability.logs import ATTEMPT_LOGGER, current_attempt_id
 from service.observability.metrics import ServiceMetrics
@@ -60,6 +61,7 @@ from service.pipeline.fusion import (
 from service.pipeline.context_budget import apply_plan_budget
 from service.pipeline.legs import LegRun as _LegRun
 from service.pipeline.plan_execution import faq_direct_answer, rerank_query, search_planned
+from service.pipeline.rerank_states import stored_states
 from service.pipeline.postprocess import admissible, apply_context_budget, dedupe
 from service.pipeline.quality import QualityModel
 from service.pipeline.recording import entry_for, reserve
@@ -486,9 +488,10 @@ class AttemptRunner:
         try:
             if left <= 0:
                 raise DeadlineExceeded("no time left for reranking")
-            passages = [f"{c.chunk.title}\n{c.chunk.text}" for c in head]
+            passages = [rerank_passage_text(c.chunk.title, c.chunk.text) for c in head]
+            states = await stored_states(self.engine, self.runtime.states_key, head, left)
             scores, timing = await asyncio.wait_for(
-                self.runtime.rerank(query or req.query, passages, t0 + left), left
+                self.runtime.rerank(query or req.query, passages, t0 + left, states), t0 + left - time.monotonic()
             )
         except asyncio.CancelledError:
             raise

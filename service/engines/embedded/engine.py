@@ -274,6 +274,15 @@ class EmbeddedEngine(Engine):
 
         return await self._call(work)
 
+    async def passage_states(self, chunks: Sequence[tuple[str, str]], states_key: str) -> dict[str, bytes]:
+        wanted = list(chunks)
+
+        def work() -> dict[str, bytes]:
+            assert self._store is not None
+            return self._store.passage_states(wanted, states_key)
+
+        return await self._call(work)
+
     async def versions(self, source_id: str) -> list[str]:
         def work() -> list[str]:
             with self._index_lock:

@@ -28,7 +28,7 @@ class MemoryIndex:
     def __init__(self) -> None:
         self.bm25 = Bm25Index()
         self.vectors = VectorIndex()
-        self._records: list[ChunkRecord | None] = []  # by slot; stored without the vector
+        self._records: list[ChunkRecord | None] = []  # by slot; without the vector and states
         self._slot_of: dict[str, int] = {}  # chunk_id -> slot
         self._doc_slots: dict[DocKey, list[int]] = {}
         self.doc_hashes: dict[DocKey, str] = {}
@@ -61,7 +61,7 @@ class MemoryIndex:
             slot = len(self._records)
             if record.vector is not None:
                 self.vectors.add(slot, record.vector)
-            self._records.append(dataclasses.replace(record, vector=None))
+            self._records.append(dataclasses.replace(record, vector=None, rerank_states=None, rerank_states_key=""))
             self._slot_of[record.chunk_id] = slot
             slots.append(slot)
             self.bm25.add(slot, terms)

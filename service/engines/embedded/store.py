@@ -3,12 +3,18 @@
 SQLite is the source of truth: every write commits here in one transaction before the
 in-memory index changes, and start-up rebuilds memory from it. ``seq`` keeps insertion order,
 so BM25 tie-breaks (lower doc id first) survive a restart.
+
+The reranker's passage states live in their own table (``passage_states``), written and
+deleted in the same transaction as their chunks but never loaded into memory: a rerank reads
+its ~20 rows by primary key through a second, read-only connection (WAL lets it read while a
+writer commits), so ingest writes never wait on those reads or the other way round.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -44,6 +50,15 @@ CREATE TABLE IF NOT EXISTS chunks (
     vector BLOB
 );
 CREATE INDEX IF NOT EXISTS chunks_by_document ON chunks (source_id, version);
+CREATE TABLE IF NOT EXISTS passage_states (
+    chunk_id TEXT PRIMARY KEY,
+    source_id TEXT NOT NULL,
+    version TEXT NOT NULL,
+    content_hash TEXT NOT NULL,
+    states_key TEXT NOT NULL,
+    states BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS passage_states_by_document ON passage_states (source_id, version);
 """
 
 _COLUMNS = (
@@ -61,9 +76,26 @@ class SqliteStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        self._reader = sqlite3.connect(f"file:{data_dir / FILENAME}?mode=ro", uri=True, check_same_thread=False)
+        self._reader_lock = threading.Lock()
 
     def close(self) -> None:
+        with self._reader_lock:
+            self._reader.close()
         self._db.close()
+
+    def passage_states(self, chunks: Sequence[tuple[str, str]], states_key: str) -> dict[str, bytes]:
+        """States stored with ``states_key`` for chunks whose content hash still matches."""
+        wanted = dict(chunks)
+        if not wanted:
+            return {}
+        marks = ", ".join("?" * len(wanted))
+        with self._reader_lock:
+            rows = self._reader.execute(
+                f"SELECT chunk_id, content_hash, states FROM passage_states WHERE states_key = ? AND chunk_id IN ({marks})",
+                (states_key, *wanted),
+            ).fetchall()
+        return {cid: bytes(blob) for cid, content_hash, blob in rows if wanted.get(cid) == content_hash}
 
     def load(self) -> Iterator[ChunkRecord]:
         """Every chunk in insertion order (a document's chunks are contiguous)."""
@@ -90,6 +122,12 @@ class SqliteStore:
                 f"INSERT INTO chunks ({_COLUMNS}) VALUES ({', '.join('?' * 15)})",
                 [_row(c) for c in chunks],
             )
+            self._db.executemany(
+                "INSERT INTO passage_states (chunk_id, source_id, version, content_hash, states_key, states) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                [(c.chunk_id, c.source_id, c.version, c.content_hash, c.rerank_states_key, c.rerank_states)
+                 for c in chunks if c.rerank_states is not None],
+            )
 
     def delete_document(self, source_id: str, version: str | None) -> None:
         with self._db:
@@ -102,6 +140,7 @@ class SqliteStore:
             else ("source_id = ? AND version = ?", (source_id, version))
         )
         self._db.execute(f"DELETE FROM chunks WHERE {where}", args)
+        self._db.execute(f"DELETE FROM passage_states WHERE {where}", args)
         self._db.execute(f"DELETE FROM documents WHERE {where}", args)
 
 

@@ -186,7 +186,26 @@ class OpenSearchEngine(Engine):
                     f"index {self.alias} has vector dimension {dim}, engine expects "
                     f"{self.dimension}: reindex with the new model first"
                 )
+            await self._add_states_fields(mappings, timeout)
             self._index_ok = True
+
+    async def _add_states_fields(self, mappings: JSON, timeout: float) -> None:
+        """An index made before cached passage states lacks their two fields (and its
+        ``dynamic: strict`` mapping would refuse them): add them in place, and to the
+        template so a reindex's next generation has them too."""
+        missing = [idx for idx, body in mappings.items()
+                   if "rerank_states" not in body.get("mappings", {}).get("properties", {})]
+        if not missing:
+            return
+        await self._request(
+            self._client.indices.put_mapping(index=",".join(missing), body={"properties": mapping.STATES_PROPERTIES},
+                                             request_timeout=timeout),
+            "put mapping (passage states)", timeout)
+        template = mapping.index_template(self.prefix, self.dimension, self.shards, self.replicas)
+        await self._request(
+            self._client.indices.put_index_template(name=mapping.template_name(self.prefix), body=template,
+                                                    request_timeout=timeout),
+            "put template", timeout)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -503,14 +522,16 @@ class OpenSearchEngine(Engine):
         return await self._search(body, timeout_s, "knn")
 
     async def get_chunks(self, chunk_ids: Sequence[str]) -> list[ChunkRecord]:
-        """Realtime ``mget`` (sees unrefreshed writes), vectors included, order kept."""
+        """Realtime ``mget`` (sees unrefreshed writes), vectors included, order kept (the
+        passage states are not: ``passage_states`` reads those)."""
         ids = list(dict.fromkeys(chunk_ids))
         if not ids:
             return []
         await self._ensure_index()
         resp = await self._request(
             self._client.mget(
-                index=self.alias, body={"ids": ids}, request_timeout=self.request_timeout_s
+                index=self.alias, body={"ids": ids}, params={"_source_excludes": "rerank_states,rerank_states_key"},
+                request_timeout=self.request_timeout_s
             ),
             "mget",
             self.request_timeout_s + 0.5,
@@ -521,6 +542,21 @@ class OpenSearchEngine(Engine):
             if d.get("found")
         }
         return [found[i] for i in chunk_ids if i in found]
+
+    async def passage_states(self, chunks: Sequence[tuple[str, str]], states_key: str) -> dict[str, bytes]:
+        """Realtime ``mget`` of the states fields only."""
+        wanted = dict(chunks)
+        if not wanted:
+            return {}
+        await self._ensure_index()
+        resp = await self._request(
+            self._client.mget(index=self.alias, body={"ids": list(wanted)},
+                              params={"_source_includes": mapping.STATES_SOURCE_INCLUDES},
+                              request_timeout=self.request_timeout_s),
+            "mget",
+            self.request_timeout_s + 0.5,
+        )
+        return mapping.states_from_docs(resp.get("docs", []), wanted, states_key)
 
     async def stats(self) -> EngineStats:
         """Counts of searchable chunks and documents (exact: composite aggregation pages)."""

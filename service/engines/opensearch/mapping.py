@@ -19,10 +19,17 @@ Index design (one index for every collection, behind an alias):
   so no real group name can collide with one.
 - ``metadata`` is an object whose leaves are mapped as ``keyword`` by a dynamic template, so
   ``metadata.<key>`` is an exact term filter. Everything else is ``dynamic: strict``.
+- ``rerank_states`` (``binary``: base64 in ``_source``, neither indexed nor in doc values) and
+  ``rerank_states_key`` (keyword, not indexed) hold the reranker's passage states in the
+  chunk's own document: a re-ingest's index operation replaces them with the chunk, a delete
+  takes them along, and no second index has to be kept in step. Hits leave them out; a
+  rerank reads them by id (realtime ``mget``). Older indices get the two fields added in
+  place (``STATES_PROPERTIES``, an additive mapping update).
 """
 
 from __future__ import annotations
 
+import base64
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -45,8 +52,14 @@ BM25_B = 0.75
 HNSW_M = 16
 HNSW_EF_CONSTRUCTION = 128
 
-# Fields returned with hits: everything but the vector (hits never carry it).
-HIT_SOURCE_EXCLUDES = ["vector"]
+# Fields returned with hits: everything but the vector and the passage states.
+HIT_SOURCE_EXCLUDES = ["vector", "rerank_states", "rerank_states_key"]
+# The cached reranker passage states (README "Cached passage states"): stored, never searched.
+STATES_PROPERTIES: JSON = {
+    "rerank_states": {"type": "binary"},
+    "rerank_states_key": {"type": "keyword", "index": False, "doc_values": False},
+}
+STATES_SOURCE_INCLUDES = "content_hash,rerank_states,rerank_states_key"
 
 
 def alias_name(prefix: str) -> str:
@@ -101,6 +114,7 @@ def chunk_mapping(dimension: int) -> JSON:
             "text": stored_text,
             "parent_text": stored_text,
             "search_text": {"type": "text", "analyzer": "cjk", "similarity": "bm25_default"},
+            **STATES_PROPERTIES,
             "vector": {
                 "type": "knn_vector",
                 "dimension": dimension,
@@ -194,7 +208,22 @@ def chunk_to_doc(chunk: ChunkRecord) -> JSON:
     }
     if chunk.vector is not None:
         doc["vector"] = vector_json(chunk.vector)
+    if chunk.rerank_states is not None:
+        doc["rerank_states"] = base64.b64encode(chunk.rerank_states).decode("ascii")
+        doc["rerank_states_key"] = chunk.rerank_states_key
     return doc
+
+
+def states_from_docs(docs: Sequence[Mapping[str, Any]], wanted: Mapping[str, str], states_key: str) -> dict[str, bytes]:
+    """Passage states out of ``mget`` docs (``STATES_SOURCE_INCLUDES``): only those written
+    with ``states_key`` for a chunk whose content hash is still ``wanted[chunk_id]``."""
+    out: dict[str, bytes] = {}
+    for d in docs:
+        src = d.get("_source") or {}
+        if (d.get("found") and src.get("rerank_states") and src.get("rerank_states_key") == states_key
+                and wanted.get(d["_id"]) == src.get("content_hash")):
+            out[d["_id"]] = base64.b64decode(src["rerank_states"])
+    return out
 
 
 def doc_to_chunk(source: Mapping[str, Any]) -> ChunkRecord:

@@ -31,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from service.models.manifest import MANIFEST, MODEL_FILE, TOKENIZER_FILE, sha256_file, write_manifest
+from service.models.passage_states import PROJECTION_FILE
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
 RERANKER_NAME = "e5-small-split-reranker"
@@ -40,7 +41,12 @@ GATE_FILE = "valid_gate.json"
 CALIBRATION_FILE = "quality_calibration.json"
 ARCHITECTURE = "split"
 # Bump when the assembly changes what it writes: forces a rebuild.
-ASSEMBLY_VERSION = 1
+# 2: also writes the two-graph layout (``lower.onnx`` + ``joint.onnx``) for cached passage states.
+ASSEMBLY_VERSION = 2
+# The split reranker cut at its split point (README "Cached passage states"): ids -> states
+# at layer ``lower`` (queries and passages alike), and states of both sides -> the logit.
+LOWER_FILE = "lower.onnx"
+JOINT_FILE = "joint.onnx"
 Log = Callable[[str], None]
 F32 = npt.NDArray[np.float32]
 
@@ -94,13 +100,19 @@ def model_dir_name(card: dict[str, Any], precision: str) -> str:
     return f"{card['name']}-{precision}"
 
 
-def _is_current(final: Path, delta_sha: str) -> bool:
+def _projection_sha(src_dir: Path) -> str | None:
+    path = src_dir / PROJECTION_FILE
+    return sha256_file(path) if path.is_file() else None
+
+
+def _is_current(final: Path, delta_sha: str, projection_sha: str | None) -> bool:
     try:
         m = json.loads((final / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     return (m.get("artifact", {}).get("delta_sha256") == delta_sha and m.get("assembly_version") == ASSEMBLY_VERSION
-            and (final / MODEL_FILE).is_file() and (final / TOKENIZER_FILE).is_file())
+            and m.get("states", {}).get("projection_sha256") == projection_sha
+            and all((final / f).is_file() for f in (MODEL_FILE, TOKENIZER_FILE, LOWER_FILE, JOINT_FILE)))
 
 
 def assemble(src_dir: Path, out_dir: Path, precision: str = "int8", *, force: bool = False, check: bool = True,
@@ -119,7 +131,8 @@ def assemble(src_dir: Path, out_dir: Path, precision: str = "int8", *, force: bo
         raise ArtifactMismatch(f"{delta}: sha256 {delta_sha[:12]} is not the card's {card['delta']['sha256'][:12]}")
     name = model_dir_name(card, precision)
     final = out_dir / name
-    if not force and _is_current(final, delta_sha):
+    projection_sha = _projection_sha(src_dir)
+    if not force and _is_current(final, delta_sha, projection_sha):
         _copy_sidecars(src_dir, final)
         log(f"{name}: up to date, skipping")
         return final
@@ -137,9 +150,18 @@ def assemble(src_dir: Path, out_dir: Path, precision: str = "int8", *, force: bo
     try:
         write_split_onnx(src, int(layout["lower"]), tensors, int(card["upper_layers"]), precision,
                          str(work / MODEL_FILE), name)
+        for part, file in (("lower", LOWER_FILE), ("joint", JOINT_FILE)):
+            write_split_onnx(src, int(layout["lower"]), tensors, int(card["upper_layers"]), precision,
+                             str(work / file), f"{name}-{part}", part)  # type: ignore[arg-type]
         (work / TOKENIZER_FILE).write_text(build_tokenizer(src.vocab, MAX_LENGTH).to_str(), encoding="utf-8")
         onnx_sha = sha256_file(work / MODEL_FILE)
-        expected = card.get("builds", {}).get(precision, {}).get("onnx_sha256")
+        part_shas = {"lower_onnx_sha256": sha256_file(work / LOWER_FILE), "joint_onnx_sha256": sha256_file(work / JOINT_FILE)}
+        build_card = card.get("builds", {}).get(precision, {})
+        expected = build_card.get("onnx_sha256")
+        for key, sha in part_shas.items():
+            if check and key in build_card and build_card[key] != sha:
+                raise ArtifactMismatch(f"{name}: assembled {key[:-len('_onnx_sha256')]} graph sha256 {sha[:12]} "
+                                       f"is not the card's {str(build_card[key])[:12]}")
         if check and onnx_sha != expected:
             import onnx
             import onnxruntime
@@ -149,6 +171,9 @@ def assemble(src_dir: Path, out_dir: Path, precision: str = "int8", *, force: bo
                 f"(card built with onnx {card.get('toolchain', {}).get('onnx')} / onnxruntime "
                 f"{card.get('toolchain', {}).get('onnxruntime')}; here onnx {onnx.__version__} / onnxruntime "
                 f"{onnxruntime.__version__}): the gate and calibration do not apply to this build")
+        if projection_sha is not None:  # the stored states' down-projection (passage_states.py)
+            shutil.copyfile(src_dir / PROJECTION_FILE, work / PROJECTION_FILE)
+            part_shas.update(projection_file=PROJECTION_FILE, projection_sha256=projection_sha)
         manifest: dict[str, Any] = {
             "model_id": name,
             "kind": "cross-encoder",
@@ -164,6 +189,8 @@ def assemble(src_dir: Path, out_dir: Path, precision: str = "int8", *, force: bo
             "source": {"package": SOURCE_PACKAGE, "version": SOURCE_VERSION, "file": SOURCE_FILE, "sha256": base_sha},
             "artifact": {"dir": str(src_dir), "delta_sha256": delta_sha, "card_version": card.get("card_version")},
             "onnx_sha256": onnx_sha,
+            # The two-graph layout: joint(lower(query), lower(passage)) == model.onnx.
+            "states": {"lower_file": LOWER_FILE, "joint_file": JOINT_FILE, **part_shas},
             "calibration": card.get("calibration", {}),
             "assembly_version": ASSEMBLY_VERSION,
             "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -17,6 +17,7 @@ makes a useful cross-encoder trainable on two CPU cores.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -46,52 +47,51 @@ class SplitHead:
     b: float
 
 
+GraphPart = Literal["whole", "lower", "joint"]
+# The two-graph layout (cached passage states): ``lower`` maps ids -> the states at the
+# split point, ``joint`` maps both sides' states -> the logit. ``whole`` is the one graph.
+STATES_OUTPUT = "states"
+LOWER_INPUTS = ("input_ids", "attention_mask")
+JOINT_INPUTS = ("query_states", "query_mask", "passage_states", "passage_mask")
+
+
 def build_split_graph(config: BertConfig, lower: BertWeights, upper: list[LayerWeights], head: SplitHead,
-                      int8_word_embedding: bool, name: str) -> onnx.ModelProto:
-    """Inputs int64 [batch, query_seq] x2 and [batch, passage_seq] x2; output logits [batch, 1]."""
+                      int8_word_embedding: bool, name: str, part: GraphPart = "whole") -> onnx.ModelProto:
+    """``whole``: inputs int64 [batch, query_seq] x2 and [batch, passage_seq] x2, output logits
+    [batch, 1]. ``lower``: ids + mask -> states [batch, seq, hidden] (query or passage alike).
+    ``joint``: query states + mask, passage states + mask -> logits. ``joint(lower(q), lower(p))``
+    is ``whole(q, p)``: the same nodes on the same weights, only cut at the split point."""
     if len(head.cross_bias) != len(upper):
         raise ValueError("one cross-attention bias vector per upper layer")
     g = _Graph()
-    nh = config.heads
     options = GraphOptions(int8_word_embedding=int8_word_embedding)
-    states = []
-    for ids, mask in (QUERY_INPUTS, PASSAGE_INPUTS):
+    batch, h = "batch", config.hidden
+
+    def lower_layers(ids: str, mask: str) -> str:
         x = embed(g, ids, config, lower, options)
         ext = padding_mask(g, mask)
         for i, lw in enumerate(lower.layers):
             x = encoder_layer(g, x, ext, lw, f"encoder.layer.{i}", config)
-        states.append(x)
+        return x
 
-    x = g.op("Concat", states, axis=1)
-    mask = g.op("Concat", [QUERY_INPUTS[1], PASSAGE_INPUTS[1]], axis=1)
-    ext = padding_mask(g, mask)
-    # Segment ids 0 (query) / 1 (passage); cross[b, 1, i, j] = 1 where i and j differ.
-    zeros = g.op("Mul", [g.op("Cast", [QUERY_INPUTS[1]], to=TensorProto.FLOAT), g.const("const_0f", 0.0)])
-    ones = g.op("Add", [g.op("Mul", [g.op("Cast", [PASSAGE_INPUTS[1]], to=TensorProto.FLOAT), "const_0f"]), "const_1f"])
-    seg = g.op("Concat", [zeros, ones], axis=1)
-    rows = g.op("Unsqueeze", [seg, g.const("axes_2", [2], np.int64)])
-    cols = g.op("Unsqueeze", [seg, g.const("axes_1", [1], np.int64)])
-    cross = g.op("Unsqueeze", [g.op("Abs", [g.op("Sub", [rows, cols])]), "axes_1"])
-    n_lower = len(lower.layers)
-    for j, lw in enumerate(upper):
-        p = f"encoder.layer.{n_lower + j}"
-        bias = g.const(p + ".cross_bias", np.asarray(head.cross_bias[j], np.float32).reshape(1, nh, 1, 1))
-        layer_mask = g.op("Add", [ext, g.op("Mul", [cross, bias])])
-        x = encoder_layer(g, x, layer_mask, lw, p, config)
+    if part == "lower":
+        g.op("Identity", [lower_layers(*LOWER_INPUTS)], name=STATES_OUTPUT)
+        inputs = [helper.make_tensor_value_info(n, TensorProto.INT64, [batch, "sequence"]) for n in LOWER_INPUTS]
+        return finish(g, name, inputs, [helper.make_tensor_value_info(STATES_OUTPUT, TensorProto.FLOAT, [batch, "sequence", h])])
+    if part == "joint":
+        q_states, q_mask, p_states, p_mask = JOINT_INPUTS
+        _joint(g, config, upper, head, len(lower.layers), (q_states, q_mask), (p_states, p_mask), q_mask)
+        inputs = [
+            helper.make_tensor_value_info(q_states, TensorProto.FLOAT, [batch, "query_seq", h]),
+            helper.make_tensor_value_info(q_mask, TensorProto.INT64, [batch, "query_seq"]),
+            helper.make_tensor_value_info(p_states, TensorProto.FLOAT, [batch, "passage_seq", h]),
+            helper.make_tensor_value_info(p_mask, TensorProto.INT64, [batch, "passage_seq"]),
+        ]
+        return finish(g, name, inputs, [helper.make_tensor_value_info(LOGITS_OUTPUT, TensorProto.FLOAT, [batch, 1])])
 
-    q_len = g.op("Gather", [g.op("Shape", [QUERY_INPUTS[0]]), g.const("const_one_idx", 1, np.int64)], axis=0)
-    q_len = g.op("Unsqueeze", [q_len, g.const("axes_0", [0], np.int64)])
-    big = g.const("const_int_max", [2**62], np.int64)
-    axis = g.const("axes_seq_1d", [1], np.int64)
-    q_part = g.op("Slice", [x, g.const("starts_0", [0], np.int64), q_len, axis])
-    p_part = g.op("Slice", [x, q_len, big, axis])
-    q_vec = mean_l2(g, q_part, QUERY_INPUTS[1])
-    p_vec = mean_l2(g, p_part, PASSAGE_INPUTS[1])
-    prod = g.op("Mul", [q_vec, p_vec])
-    logits = g.op("MatMul", [prod, g.const("head.weight", np.asarray(head.w, np.float32).reshape(-1, 1))])
-    g.op("Add", [logits, g.const("head.bias", [float(head.b)])], name=LOGITS_OUTPUT)
-
-    batch = "batch"
+    states = [lower_layers(ids, mask) for ids, mask in (QUERY_INPUTS, PASSAGE_INPUTS)]
+    _joint(g, config, upper, head, len(lower.layers), (states[0], QUERY_INPUTS[1]), (states[1], PASSAGE_INPUTS[1]),
+           QUERY_INPUTS[0])
     inputs = [
         helper.make_tensor_value_info(QUERY_INPUTS[0], TensorProto.INT64, [batch, "query_seq"]),
         helper.make_tensor_value_info(QUERY_INPUTS[1], TensorProto.INT64, [batch, "query_seq"]),
@@ -100,6 +100,42 @@ def build_split_graph(config: BertConfig, lower: BertWeights, upper: list[LayerW
     ]
     output = helper.make_tensor_value_info(LOGITS_OUTPUT, TensorProto.FLOAT, [batch, 1])
     return finish(g, name, inputs, [output])
+
+
+def _joint(g: _Graph, config: BertConfig, upper: list[LayerWeights], head: SplitHead, n_lower: int,
+           query: tuple[str, str], passage: tuple[str, str], query_shape_of: str) -> None:
+    """The upper layers over ``concat(query states, passage states)`` and the head.
+    ``query_shape_of``: the tensor whose dim 1 is the query length (the whole graph keeps
+    reading it off ``query_ids``, so its bytes and hash stay what the card measured)."""
+    nh = config.heads
+    (q_states, q_mask), (p_states, p_mask) = query, passage
+    x = g.op("Concat", [q_states, p_states], axis=1)
+    mask = g.op("Concat", [q_mask, p_mask], axis=1)
+    ext = padding_mask(g, mask)
+    # Segment ids 0 (query) / 1 (passage); cross[b, 1, i, j] = 1 where i and j differ.
+    zeros = g.op("Mul", [g.op("Cast", [q_mask], to=TensorProto.FLOAT), g.const("const_0f", 0.0)])
+    ones = g.op("Add", [g.op("Mul", [g.op("Cast", [p_mask], to=TensorProto.FLOAT), "const_0f"]), "const_1f"])
+    seg = g.op("Concat", [zeros, ones], axis=1)
+    rows = g.op("Unsqueeze", [seg, g.const("axes_2", [2], np.int64)])
+    cols = g.op("Unsqueeze", [seg, g.const("axes_1", [1], np.int64)])
+    cross = g.op("Unsqueeze", [g.op("Abs", [g.op("Sub", [rows, cols])]), "axes_1"])
+    for j, lw in enumerate(upper):
+        p = f"encoder.layer.{n_lower + j}"
+        bias = g.const(p + ".cross_bias", np.asarray(head.cross_bias[j], np.float32).reshape(1, nh, 1, 1))
+        layer_mask = g.op("Add", [ext, g.op("Mul", [cross, bias])])
+        x = encoder_layer(g, x, layer_mask, lw, p, config)
+
+    q_len = g.op("Gather", [g.op("Shape", [query_shape_of]), g.const("const_one_idx", 1, np.int64)], axis=0)
+    q_len = g.op("Unsqueeze", [q_len, g.const("axes_0", [0], np.int64)])
+    big = g.const("const_int_max", [2**62], np.int64)
+    axis = g.const("axes_seq_1d", [1], np.int64)
+    q_part = g.op("Slice", [x, g.const("starts_0", [0], np.int64), q_len, axis])
+    p_part = g.op("Slice", [x, q_len, big, axis])
+    q_vec = mean_l2(g, q_part, q_mask)
+    p_vec = mean_l2(g, p_part, p_mask)
+    prod = g.op("Mul", [q_vec, p_vec])
+    logits = g.op("MatMul", [prod, g.const("head.weight", np.asarray(head.w, np.float32).reshape(-1, 1))])
+    g.op("Add", [logits, g.const("head.bias", [float(head.b)])], name=LOGITS_OUTPUT)
 
 
 def upper_layers(tensors: dict[str, npt.NDArray[np.float32]], n_upper: int) -> list[LayerWeights]:
@@ -119,14 +155,14 @@ def upper_layers(tensors: dict[str, npt.NDArray[np.float32]], n_upper: int) -> l
 
 
 def write_split_onnx(src: E5Bin, n_lower: int, tensors: dict[str, npt.NDArray[np.float32]], n_upper: int,
-                     precision: str, path: str, name: str) -> None:
+                     precision: str, path: str, name: str, part: GraphPart = "whole") -> None:
     """The whole split cross-encoder as ONNX: e5's own embeddings and first ``n_lower``
     layers (from the shipped weights) + the trained upper layers, cross-attention biases
     and head (``tensors``); int8 = dynamic per-channel quantisation of every MatMul."""
     w = src.weights
     lower = BertWeights(w.word, w.position, w.token_type, w.emb_ln_w, w.emb_ln_b, w.layers[:n_lower])
     head = SplitHead([tensors["cross_bias"][j] for j in range(n_upper)], tensors["head_w"], float(tensors["head_b"]))
-    graph = build_split_graph(src.config, lower, upper_layers(tensors, n_upper), head, precision == "int8", name)
+    graph = build_split_graph(src.config, lower, upper_layers(tensors, n_upper), head, precision == "int8", name, part)
     if precision == "fp32":
         onnx.save(graph, path)
         return

@@ -99,7 +99,7 @@ def test_filters_go_inside_the_query() -> None:
     )
     body = mapping.bm25_body("保险理赔", 7, flt, 0.25)
     assert body["size"] == 7 and body["timeout"] == "250ms"
-    assert body["track_total_hits"] is False and body["_source"] == {"excludes": ["vector"]}
+    assert body["track_total_hits"] is False and body["_source"] == {"excludes": ["vector", "rerank_states", "rerank_states_key"]}
     query = body["query"]["bool"]
     assert query["must"] == [{"match": {"search_text": {"query": "保险理赔"}}}]
     assert query["filter"] == [

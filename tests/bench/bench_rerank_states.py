@@ -1,0 +1,152 @@
+"""Cached passage states benchmark: rerank with stored states against recomputing them, in
+one run on the same machine (absolute times drift on a shared machine; ratios do not).
+
+    RETRIEVAL_MODELS_DIR=... .venv/bin/python tests/bench/bench_rerank_states.py [--docs 200] [--queries 40]
+
+Three in-process servers (embedded engine, real gRPC, e5-small int8 + the shipped split
+reranker) over the same corpus, one ingesting without states (``rerank_states`` off: every
+rerank recomputes), one storing full-width states, one compact ones (``rerank_states_compact``): InsuranceQA answers, en and zh (``--docs`` each; the eval extra), else the synthetic
+bench corpus. Prints, per language, the rerank stage's p50 for ``rerank_top_n`` (20) pairs
+as the pipeline timed it (stored states read + model) and its ratio to recomputation,
+hybrid+rerank Retrieve p50; ingest chunks/s with states against without; and the stored
+bytes per chunk (mean, p95).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import grpc  # noqa: E402
+
+from service._gen.retrieval.v1 import corpus_pb2, corpus_pb2_grpc, retrieval_pb2, retrieval_pb2_grpc, types_pb2  # noqa: E402
+from service.api.server import Server  # noqa: E402
+from service.app import App  # noqa: E402
+from service.config import load_config  # noqa: E402
+from service.engines.base import make_chunk_id  # noqa: E402
+from service.eval.metrics import percentile  # noqa: E402
+
+RERANKER = "e5-small-split-reranker-int8"
+
+
+def corpus(lang: str, n_docs: int, n_queries: int) -> tuple[list[corpus_pb2.Document], list[str]]:
+    """Valid answers (their questions' judged answers first, then others) and questions."""
+    try:
+        from service.eval.datasets import load_insuranceqa
+
+        data = load_insuranceqa("valid", lang)  # type: ignore[arg-type]
+    except Exception as exc:  # noqa: BLE001 - any reason the data is missing: synthetic corpus
+        print(f"InsuranceQA unavailable ({exc}); synthetic corpus", file=sys.stderr)
+        from tests.bench.bench_service import QUERIES, synthetic_docs
+
+        return synthetic_docs(n_docs), [q for q in QUERIES if (ord(q[0]) > 0x2e80) == (lang == "zh")] * n_queries
+    qids = sorted(data.queries)[:n_queries]
+    ids = list(dict.fromkeys([a for q in qids for a in sorted(data.qrels[q])] + sorted(data.corpus)))[:n_docs]
+    docs = [corpus_pb2.Document(source_id=f"{lang}-{i}", version="v1", text=data.corpus[i],
+                                collection=types_pb2.COLLECTION_DOC) for i in ids]
+    return docs, [data.queries[q] for q in qids]
+
+
+@dataclasses.dataclass
+class Run:
+    ingest_s: float = 0.0
+    chunks: int = 0
+    rerank_ms: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    total_ms: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    bytes_per_chunk: list[int] = dataclasses.field(default_factory=list)
+
+
+async def serve(states: bool, data_dir: Path, docs: list[corpus_pb2.Document],
+                queries: dict[str, list[str]], compact: bool = False) -> Run:
+    cfg = dataclasses.replace(load_config(None), data_dir=data_dir, reranker_model=RERANKER, rerank_states=states,
+                              rerank_states_compact=compact, api_keys_file="", opensearch_url="")
+    app = App.build(cfg)
+    if app.runtime.reranker is None:
+        raise SystemExit(f"no reranker {RERANKER} under {cfg.models_dir}: run `make models`")
+    server = Server(app)
+    port = await server.start("127.0.0.1:0")
+    run = Run()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            corpus_stub = corpus_pb2_grpc.CorpusServiceStub(ch)
+            retrieval = retrieval_pb2_grpc.RetrievalServiceStub(ch)
+
+            async def stream() -> AsyncIterator[corpus_pb2.IngestRequest]:
+                for d in docs:
+                    yield corpus_pb2.IngestRequest(document=d)
+
+            t0 = time.perf_counter()
+            summary = await corpus_stub.Ingest(stream())
+            run.ingest_s, run.chunks = time.perf_counter() - t0, summary.chunks_indexed
+            options = retrieval_pb2.RetrievalOptions(rerank=types_pb2.RERANK_MODE_ON, min_quality=1e-9)
+            for lang, qs in queries.items():
+                for q in qs[:2]:  # warm up (not timed): sessions, caches, first-query paths
+                    async for _ in retrieval.Retrieve(retrieval_pb2.RetrieveRequest(query=q + " ?", top_k=10, options=options)):
+                        pass
+                rerank, total = run.rerank_ms.setdefault(lang, []), run.total_ms.setdefault(lang, [])
+                for q in qs:
+                    t0 = time.perf_counter()
+                    async for event in retrieval.Retrieve(retrieval_pb2.RetrieveRequest(query=q, top_k=10, options=options)):
+                        if event.WhichOneof("event") == "result":
+                            leg = next(x for x in event.result.legs if x.kind == types_pb2.LEG_KIND_RERANK)
+                            if leg.status != types_pb2.LEG_STATUS_OK:
+                                raise SystemExit(f"rerank leg {leg.status}: {leg.detail}")
+                            rerank.append(leg.latency_ms)
+                    total.append((time.perf_counter() - t0) * 1000)
+        if app.runtime.states_key is not None:
+            ids = [make_chunk_id(d.source_id, i, d.version) for d in docs for i in range(32)]
+            refs = [(c.chunk_id, c.content_hash) for c in await app.engine.get_chunks(ids)]
+            found = await app.engine.passage_states(refs, app.runtime.states_key)
+            run.bytes_per_chunk = sorted(len(b) for b in found.values())
+    finally:
+        await server.stop(0.5)
+    return run
+
+
+async def main(n_docs: int, n_queries: int) -> None:
+    docs: list[corpus_pb2.Document] = []
+    queries: dict[str, list[str]] = {}
+    for lang in ("en", "zh"):
+        d, q = corpus(lang, n_docs, n_queries)
+        docs += d
+        queries[lang] = q
+    with tempfile.TemporaryDirectory() as tmp:
+        recompute = await serve(False, Path(tmp) / "recompute", docs, queries)
+        runs = {"stored, full width": await serve(True, Path(tmp) / "full", docs, queries),
+                "stored, compact": await serve(True, Path(tmp) / "compact", docs, queries, compact=True)}
+
+    p50 = lambda xs: percentile(xs, 50)  # noqa: E731
+    some = next(iter(runs.values()))
+    print(f"corpus: {len(docs)} documents -> {some.chunks} chunks; {n_queries} queries per language; "
+          f"rerank head = the config's rerank_top_n (20) pairs")
+    print(f"{'p50, ms':<22} {'rerank stage':>13} {'vs recompute':>13} {'hybrid+rerank':>14}")
+    for lang in queries:
+        r = p50(recompute.rerank_ms[lang])
+        print(f"{lang + ' recompute':<22} {r:>13.1f} {'1.00x':>13} {p50(recompute.total_ms[lang]):>14.1f}")
+        for name, run in runs.items():
+            s_ = p50(run.rerank_ms[lang])
+            print(f"{lang + ' ' + name:<22} {s_:>13.1f} {r / s_:>12.2f}x {p50(run.total_ms[lang]):>14.1f}")
+    cps_off = recompute.chunks / recompute.ingest_s
+    for name, run in runs.items():
+        cps_on = run.chunks / run.ingest_s
+        print(f"ingest, {name}: {cps_on:.1f} chunks/s vs {cps_off:.1f} without states (ratio {cps_on / cps_off:.2f})")
+        b = run.bytes_per_chunk
+        if b:
+            print(f"  stored states: {len(b)} chunks, {sum(b) / len(b):.0f} bytes a chunk on average "
+                  f"(p50 {percentile([float(x) for x in b], 50):.0f}, p95 {percentile([float(x) for x in b], 95):.0f}, "
+                  f"max {b[-1]})")
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--docs", type=int, default=200, help="documents per language")
+    ap.add_argument("--queries", type=int, default=40, help="queries per language")
+    a = ap.parse_args()
+    asyncio.run(main(a.docs, a.queries))

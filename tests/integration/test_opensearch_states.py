@@ -1,0 +1,87 @@
+"""Cached passage states on a real OpenSearch node: the service stores them at ingest and
+reranks over them, a changed document's re-ingest replaces them, and an index created
+before them (its ``dynamic: strict`` mapping lacks ``rerank_states``) gets the two fields
+added in place when the engine starts."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+
+import pytest
+from opensearchpy import AsyncOpenSearch
+
+from service._gen.retrieval.v1 import corpus_pb2, types_pb2
+from service.config import Config
+from service.engines.base import make_chunk_id
+from service.engines.opensearch import mapping
+from service.engines.opensearch.engine import OpenSearchEngine
+from service.models.base import EmbeddingBackend
+from service.models.onnx_cross_encoder import OnnxCrossEncoder
+from service.offline.builder import default_models_dir
+from tests.support.harness import demo_documents, evidence_of, launch, result_of, shutdown
+from tests.support.opensearch import drop_prefix, opensearch_url_or_skip, unique_prefix
+from tests.unit.engines.test_engine_contract import chunk
+
+pytestmark = pytest.mark.integration
+
+
+async def test_service_stores_states_and_reingest_replaces_them(request: pytest.FixtureRequest, tmp_path: Path,
+                                                               e5_embedder: EmbeddingBackend) -> None:
+    url = opensearch_url_or_skip()
+    model_dir = default_models_dir() / "e5-small-split-reranker-int8"
+    if not (model_dir / "lower.onnx").is_file():
+        pytest.skip(f"{model_dir} has no two-graph layout: run `make models`")
+    reranker = OnnxCrossEncoder(model_dir)
+    assert reranker.states_key is not None
+    prefix = unique_prefix("states")
+    request.addfinalizer(lambda: drop_prefix(url, prefix))
+    cfg = dataclasses.replace(Config(), opensearch_url=url, opensearch_index_prefix=prefix,
+                              data_dir=tmp_path / "data", reranker_model="")
+    live = await launch(cfg, e5_embedder, reranker)
+    try:
+        engine = live.app.engine
+        first = (await engine.get_chunks([make_chunk_id("kb-password-reset", 0, "v1")]))[0]
+        ref = (first.chunk_id, first.content_hash)
+        assert ref[0] in await engine.passage_states([ref], reranker.states_key)
+        events = await live.retrieve(query="reset password", top_k=3)
+        rerank = next(leg for leg in result_of(events).legs if leg.kind == types_pb2.LEG_KIND_RERANK)
+        assert rerank.status == types_pb2.LEG_STATUS_OK and evidence_of(events)
+        changed = corpus_pb2.Document(source_id="kb-password-reset", version="v1", title="Resetting your password",
+                                      text="Open Settings, choose Security, then Reset password.",
+                                      collection=types_pb2.COLLECTION_DOC)
+        summary = await live.ingest([changed])
+        assert summary.documents_indexed == 1 and not summary.errors
+        await engine.refresh()
+        now = (await engine.get_chunks([first.chunk_id]))[0]
+        assert now.content_hash != first.content_hash
+        assert await engine.passage_states([ref], reranker.states_key) == {}  # the old content's states are gone
+        assert now.chunk_id in await engine.passage_states([(now.chunk_id, now.content_hash)], reranker.states_key)
+    finally:
+        await shutdown(live)
+
+
+async def test_old_index_gets_the_states_fields(request: pytest.FixtureRequest) -> None:
+    url = opensearch_url_or_skip()
+    prefix = unique_prefix("states")
+    request.addfinalizer(lambda: drop_prefix(url, prefix))
+    old = copy.deepcopy(mapping.index_template(prefix, 8, 1, 0))
+    for name in mapping.STATES_PROPERTIES:
+        del old["template"]["mappings"]["properties"][name]
+    client = AsyncOpenSearch(hosts=[url])
+    try:
+        await client.indices.put_index_template(name=mapping.template_name(prefix), body=old)
+        await client.indices.create(index=mapping.index_name(prefix, mapping.MAPPING_VERSION),
+                                    body=mapping.create_index_body(prefix))
+    finally:
+        await client.close()
+    engine = OpenSearchEngine(url, index_prefix=prefix, dimension=8)
+    await engine.start()
+    try:
+        c = dataclasses.replace(chunk("S1", 0, "alpha policy"), rerank_states=b"\x00states\xff", rerank_states_key="k")
+        report = await engine.replace_document("S1", "v1", [c])
+        assert report.written == 1 and not report.errors, report
+        assert await engine.passage_states([(c.chunk_id, c.content_hash)], "k") == {c.chunk_id: b"\x00states\xff"}
+    finally:
+        await engine.close()
