@@ -70,6 +70,31 @@ def gibberish(n: int, lang: str, seed: int = 0) -> list[str]:
     return out
 
 
+# Software-product support questions for a knowledge base of another domain (InsuranceQA):
+# held out, never fitted (the training file has its own, disjoint ones).
+PRODUCT_SUPPORT_OFF_TOPIC: dict[str, tuple[str, ...]] = {
+    "en": (
+        "how do I change my profile picture",
+        "can I recover a workspace I archived",
+        "why is the dashboard loading so slowly",
+        "how do I print a monthly report",
+        "where do I manage billing contacts",
+        "how do I set a reminder for a task",
+        "can I undo sending a message",
+        "how do I turn on automatic backups",
+    ),
+    "zh": (
+        "怎么修改头像",
+        "归档的工作区还能恢复吗",
+        "仪表盘加载很慢怎么办",
+        "怎么打印月度报表",
+        "在哪里管理账单联系人",
+        "如何给任务设置提醒",
+        "发出的消息可以撤回吗",
+        "如何开启自动备份",
+    ),
+}
+
 OFF_DOMAIN_TRAIN = Path(__file__).with_name("data") / "off_domain_train.json"
 TEST_GIBBERISH_SEED = 0  # the answerability test's; training gibberish uses other seeds
 

@@ -25,7 +25,16 @@ import pytest
 from service._gen.retrieval.v1 import corpus_pb2, types_pb2
 from service.app import DEFAULT_RERANKER, resolve_reranker
 from service.config import Config
-from service.eval.answerability import GENERAL_OFF_TOPIC, Probe, gibberish, operating_curve, probe, summarize
+from service.eval.answerability import (
+    GENERAL_OFF_TOPIC,
+    PRODUCT_SUPPORT_OFF_TOPIC,
+    Probe,
+    gibberish,
+    off_domain_training,
+    operating_curve,
+    probe,
+    summarize,
+)
 from service.eval.datasets import INSTALL_HINT, insuranceqa_available, load_insuranceqa
 from service.models.base import EmbeddingBackend
 from tests.support.demo_expectations import RANKING_CASES
@@ -127,11 +136,30 @@ async def test_demo_kb_says_nothing_here(demo_kb: Live, rerank: bool) -> None:
     _check(_report("demo", await probe(demo_kb.retrieval, probes, rerank=rerank), rerank), rerank)
 
 
-@pytest.mark.parametrize("rerank", [True, False], ids=["rerank-on", "rerank-off"])
+# Known shortfall (issue 8 stays open): with rerank on, Chinese software-support questions
+# asked of the InsuranceQA index ("如何开具发票", "免费版存储空间有多大", ...) get reranker
+# probabilities of 0.04-0.1 against a zh gate of 0.04; measured 66 / 71 refused (93.0 %) with
+# batch-invariant inference, so this fails every run, not by chance. Strict: the day it
+# passes, the marker must go.
+RERANK_ON_IQA_SHORTFALL = pytest.mark.xfail(
+    strict=True, reason="zh product-support questions pass the reranker's zh gate on InsuranceQA: 93.0 % < 95 %")
+
+
+@pytest.mark.parametrize("rerank", [pytest.param(True, marks=RERANK_ON_IQA_SHORTFALL), False],
+                         ids=["rerank-on", "rerank-off"])
 async def test_insuranceqa_kb_says_nothing_here(iqa_kb: tuple[Live, list[Probe]], rerank: bool) -> None:
     live, in_domain = iqa_kb
-    probes = in_domain + _off_topic({"en": DEMO_QUESTIONS[:4] + DEMO_QUESTIONS[8:], "zh": DEMO_QUESTIONS[4:8]})
+    probes = in_domain + _off_topic({"en": [*DEMO_QUESTIONS[:4], *DEMO_QUESTIONS[8:], *PRODUCT_SUPPORT_OFF_TOPIC["en"]],
+                                     "zh": [*DEMO_QUESTIONS[4:8], *PRODUCT_SUPPORT_OFF_TOPIC["zh"]]})
     _check(_report("insuranceqa", await probe(live.retrieval, probes, rerank=rerank), rerank), rerank)
+
+
+def test_probes_are_held_out_from_the_calibration_negatives() -> None:
+    """What this check asks is never what the calibrations were fitted on."""
+    fitted = set(off_domain_training().queries.values())
+    asked = {*DEMO_QUESTIONS, *(q for lang in ("en", "zh") for q in (*GENERAL_OFF_TOPIC[lang], *PRODUCT_SUPPORT_OFF_TOPIC[lang],
+                                                                    *gibberish(10, lang, SEED)))}
+    assert not fitted & asked, sorted(fitted & asked)
 
 
 def test_fresh_install_reranks_by_default(reranker_cfg: Config) -> None:
