@@ -24,26 +24,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from service.eval.datasets import load_insuranceqa
+from service.eval.fusion_tune import rrf_fuse_legs
 from service.eval.metrics import evaluate
 
-DEPTH = 100
 # With --grid: every leg but the first (the reference dense leg, weight 1) gets each weight.
 GRID_RRF_KS = (5, 10, 20, 60)
 GRID_WEIGHTS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.5)
-
-
-def rrf_fuse_legs(legs: Sequence[tuple[Sequence[str], float]], *, k: int, depth: int = DEPTH) -> list[str]:
-    """Weighted RRF over any number of ranked source lists; a source counts once per leg, at
-    its best rank; ties keep first-seen order (legs in the order given)."""
-    scores: dict[str, float] = {}
-    for ranked, weight in legs:
-        seen: set[str] = set()
-        for rank, d in enumerate(ranked, start=1):
-            if d in seen:
-                continue
-            seen.add(d)
-            scores[d] = scores.get(d, 0.0) + weight / (k + rank)
-    return sorted(scores, key=lambda d: -scores[d])[:depth]
 
 
 def fuse_runs(runs: Sequence[tuple[Mapping[str, list[str]], float]], *, k: int) -> dict[str, list[str]]:

@@ -34,15 +34,15 @@ ALPHAS = tuple(round(a * 0.05, 2) for a in range(21))
 DEPTH = 100
 
 
-def rrf_fuse(bm25: Sequence[str], knn: Sequence[str], *, k: int, bm25_weight: float, knn_weight: float,
-             depth: int = DEPTH) -> list[str]:
-    """Source-level weighted RRF, ties in BM25-then-kNN first-seen order (as the pipeline).
+def rrf_fuse_legs(legs: Sequence[tuple[Sequence[str], float]], *, k: int, depth: int = DEPTH) -> list[str]:
+    """Source-level weighted RRF over any number of ranked lists, ties in first-seen order
+    (legs in the order given, as the pipeline).
 
     A source listed twice by one leg (two chunks in different parent sections) counts once,
     at its best rank: the pipeline fuses chunks, so one chunk never collects another's
     rank (summing them would promote long answers)."""
     scores: dict[str, float] = {}
-    for ranked, weight in ((bm25, bm25_weight), (knn, knn_weight)):
+    for ranked, weight in legs:
         seen: set[str] = set()
         for rank, d in enumerate(ranked, start=1):
             if d in seen:
@@ -50,6 +50,12 @@ def rrf_fuse(bm25: Sequence[str], knn: Sequence[str], *, k: int, bm25_weight: fl
             seen.add(d)
             scores[d] = scores.get(d, 0.0) + weight / (k + rank)
     return sorted(scores, key=lambda d: -scores[d])[:depth]
+
+
+def rrf_fuse(bm25: Sequence[str], knn: Sequence[str], *, k: int, bm25_weight: float, knn_weight: float,
+             depth: int = DEPTH) -> list[str]:
+    """The pipeline's two legs, BM25 first."""
+    return rrf_fuse_legs(((bm25, bm25_weight), (knn, knn_weight)), k=k, depth=depth)
 
 
 def _minmax(xs: Sequence[float]) -> list[float]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -35,3 +36,12 @@ def read_manifest(model_dir: Path, kind: str) -> dict[str, Any]:
 
 def write_manifest(model_dir: Path, manifest: dict[str, Any]) -> None:
     (model_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def publish_model_dir(work: Path, final: Path) -> None:
+    """Swap a fully written model dir into place: readers see the old dir or the new one,
+    never a half-written one. ``work`` came from mkdtemp (private); the cache may be shared."""
+    if final.exists():
+        shutil.rmtree(final)
+    work.chmod(0o755)
+    work.rename(final)

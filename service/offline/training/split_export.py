@@ -144,7 +144,7 @@ def export(weights_dir: Path, out: Path, pack_dir: Path, tokenizer_dir: Path | N
     from service.models._ort import make_session
     from service.offline.builder.e5 import SOURCE_FILE, SOURCE_PACKAGE, SOURCE_VERSION, source_bin
     from service.offline.builder.q4bin import read_e5_bin
-    from service.models.manifest import MODEL_FILE, TOKENIZER_FILE, sha256_file, write_manifest
+    from service.models.manifest import MODEL_FILE, TOKENIZER_FILE, publish_model_dir, sha256_file, write_manifest
     from service.offline.training.pack import default_model_dir
     from service.offline.training.split import _prefix_ids, make_upper
 
@@ -221,10 +221,7 @@ def export(weights_dir: Path, out: Path, pack_dir: Path, tokenizer_dir: Path | N
                 "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             }
             write_manifest(work, manifest)
-            if final.exists():
-                shutil.rmtree(final)
-            work.chmod(0o755)
-            work.rename(final)
+            publish_model_dir(work, final)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         size_mb = (final / MODEL_FILE).stat().st_size / 1e6

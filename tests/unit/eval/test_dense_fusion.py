@@ -5,14 +5,12 @@ from __future__ import annotations
 import pytest
 
 from service.eval.dense_fusion import _parse_leg, fuse_runs, rrf_fuse_legs
-from service.eval.fusion_tune import rrf_fuse
 
 
-def test_two_legs_match_the_tuners_bm25_knn_fusion() -> None:
-    bm25 = ["a", "b", "c", "b", "d"]
-    knn = ["c", "e", "a"]
-    for k, w in ((10, 0.4), (60, 1.0), (1, 2.0)):
-        assert rrf_fuse_legs([(bm25, w), (knn, 1.0)], k=k) == rrf_fuse(bm25, knn, k=k, bm25_weight=w, knn_weight=1.0)
+def test_a_duplicate_counts_once_at_its_best_rank() -> None:
+    # bm25 lists b twice (ranks 2 and 4): only 1/(10+2) counts, so c (1/13 + 1/11) stays first.
+    fused = rrf_fuse_legs([(["a", "b", "c", "b"], 1.0), (["c"], 1.0)], k=10)
+    assert fused == ["c", "a", "b"]
 
 
 def test_a_third_leg_adds_its_reciprocal_ranks() -> None:
