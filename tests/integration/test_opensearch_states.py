@@ -38,7 +38,7 @@ async def test_service_stores_states_and_reingest_replaces_them(request: pytest.
     prefix = unique_prefix("states")
     request.addfinalizer(lambda: drop_prefix(url, prefix))
     cfg = dataclasses.replace(Config(), opensearch_url=url, opensearch_index_prefix=prefix,
-                              data_dir=tmp_path / "data", reranker_model="")
+                              data_dir=tmp_path / "data", reranker_model="", rerank_states=True)
     live = await launch(cfg, e5_embedder, reranker)
     try:
         engine = live.app.engine
