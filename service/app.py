@@ -209,6 +209,7 @@ class App:
             embedder, reranker, workers=cfg.model_workers, max_batch=cfg.max_batch_size,
             max_wait_ms=cfg.max_batch_wait_ms, max_queue=cfg.max_queue, metrics=metrics,
             query_cache_size=cfg.query_cache_size, ingest_workers=cfg.ingest_model_workers,
+            passage_states=cfg.rerank_states,
         )
         engine = engine or build_engine(cfg, embedder.dimension)
         ledger = build_ledger(cfg)

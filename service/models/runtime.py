@@ -307,6 +307,7 @@ class ModelRuntime:
         metrics: ServiceMetrics | None = None,
         query_cache_size: int = 0,
         ingest_workers: int = 0,
+        passage_states: bool = True,
     ) -> None:
         self.embedder = embedder
         self.reranker = reranker
@@ -337,7 +338,10 @@ class ModelRuntime:
                 "rerank", _timed_rerank(reranker), self.executor,
                 max_batch=max(max_batch, 32), isolate_requests=not reranker.batch_invariant, **common,  # type: ignore[arg-type]
             )
-        if reranker is not None and reranker.states_key is not None:
+        # ``passage_states`` off: no states are computed at ingest or read at rerank (the
+        # one graph runs, as the shipped calibration was fitted on); ``states_key`` is None.
+        self._states_key = reranker.states_key if reranker is not None and passage_states else None
+        if reranker is not None and self._states_key is not None:
             # Ingest-time work: the ingest pool, like passage embeddings.
             self._states = MicroBatcher(
                 "rerank-states", _timed_states(reranker), self.ingest_executor,
@@ -404,8 +408,9 @@ class ModelRuntime:
 
     @property
     def states_key(self) -> str | None:
-        """The key of the passage states the reranker can reuse; None when it cannot."""
-        return self.reranker.states_key if self.reranker is not None else None
+        """The key of the passage states the reranker can reuse; None when it cannot or
+        stored states are off."""
+        return self._states_key
 
     async def passage_states(self, passages: Sequence[str], deadline: float, batch: int = 16) -> list[bytes]:
         """The reranker's passage states for ``passages`` (ingest; the ingest pool)."""

@@ -18,13 +18,7 @@ from service.models.manifest import MANIFEST, MODEL_FILE, TOKENIZER_FILE
 from service.models.onnx_cross_encoder import OnnxCrossEncoder
 from service.models.passage_states import StatesCodec, decode_states, encode_states, save_projection
 from service.offline.builder.tiny_cross_encoder import build_tiny_split_cross_encoder
-
-PAIRS = [
-    ("what is term life insurance", "Term life insurance pays a benefit if you die during the term."),
-    ("what is term life insurance", "Car insurance covers damage to your vehicle."),
-    ("如何申请理赔", "申请理赔时需要提交发票和诊断证明。"),
-    ("q " * 40, "a much longer passage " * 40),
-]
+from tests.support.rerank_pairs import SPLIT_PAIRS as PAIRS
 
 
 @pytest.fixture(scope="module")
@@ -162,3 +156,15 @@ def test_shipped_reranker_cut_matches_the_one_graph(models_dir: Path) -> None:
     enc = ce.tokenize_with_states(PAIRS, ce.passage_states([p for _, p in PAIRS]))
     enc.extra["stored"] = dict(enumerate(ce._lower_states(ce._passage_rows([p for _, p in PAIRS]))))
     np.testing.assert_allclose(ce.infer(enc), mixed_whole, atol=0.01)
+
+
+def test_states_off_means_no_states_key_and_no_states_batcher(tiny_split: OnnxCrossEncoder) -> None:
+    """``rerank_states = false``: ingest computes none and the rerank stage reads none."""
+    from service.models.dummy import HashEmbedder
+    from service.models.runtime import ModelRuntime
+
+    assert tiny_split.states_key is not None
+    off = ModelRuntime(HashEmbedder(), tiny_split, workers=1, passage_states=False)
+    on = ModelRuntime(HashEmbedder(), tiny_split, workers=1)
+    assert off.states_key is None and off._states is None
+    assert on.states_key == tiny_split.states_key and on._states is not None
