@@ -19,15 +19,9 @@ from service.offline.builder.q4bin import BertConfig
 from service.offline.builder.tiny_cross_encoder import _random_weights, build_tiny_split_cross_encoder
 from service.models.manifest import TOKENIZER_FILE, read_manifest
 from service.models.onnx_cross_encoder import OnnxCrossEncoder
+from tests.support.rerank_pairs import SPLIT_PAIRS as PAIRS
 
 pytestmark = pytest.mark.slow
-
-PAIRS = [
-    ("what is term life insurance", "Term life insurance pays a benefit if you die during the term."),
-    ("what is term life insurance", "Car insurance covers damage to your vehicle."),
-    ("如何申请理赔", "申请理赔时需要提交发票和诊断证明。"),
-    ("q " * 40, "a much longer passage " * 40),
-]
 
 
 @pytest.fixture(scope="module")
