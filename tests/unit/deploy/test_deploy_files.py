@@ -156,10 +156,13 @@ def test_service_targets_the_named_grpc_port_of_the_pods() -> None:
     assert svc["spec"]["selector"].items() <= pod_labels.items()
     assert svc["spec"]["type"] == "ClusterIP"
     ports = {p["name"]: p["containerPort"] for p in _container()["ports"]}
-    (sp,) = svc["spec"]["ports"]
+    by_name = {p["name"]: p for p in svc["spec"]["ports"]}
+    assert set(by_name) == {"grpc", "metrics"}
+    sp = by_name["grpc"]
     assert sp["targetPort"] == "grpc" and sp["targetPort"] in ports
     assert sp["appProtocol"] == "grpc"
     assert sp["port"] == ports["grpc"] == 50051
+    assert by_name["metrics"]["targetPort"] == "metrics" and by_name["metrics"]["port"] == ports["metrics"]
 
 
 def test_probes_are_grpc_health_checks_on_the_serving_port() -> None:
@@ -289,15 +292,37 @@ def test_compose_healthcheck_runs_the_script_the_image_ships() -> None:
 
 # --- Dockerfile --------------------------------------------------------------------------
 
-def test_listen_port_agrees_everywhere() -> None:
+def _exposed() -> list[int]:
     (expose,) = _instr("EXPOSE")
-    port = int(expose.split("/")[0])
+    return [int(p.split("/")[0]) for p in expose.split()]
+
+
+def test_listen_port_agrees_everywhere() -> None:
+    port = _exposed()[0]
     retrieval = _compose()["services"]["retrieval"]
     assert port == _port(_docker_env()["RETRIEVAL_LISTEN"])
     assert port == _port(_one("ConfigMap")["data"]["RETRIEVAL_LISTEN"])
     assert port == _port(_env(retrieval)["RETRIEVAL_LISTEN"])
-    assert [int(p.rsplit(":", 1)[1]) for p in retrieval["ports"]] == [port]
+    assert int(retrieval["ports"][0].rsplit(":", 1)[1]) == port
     assert _container()["ports"][0]["containerPort"] == port
+
+
+def test_metrics_port_agrees_everywhere_and_is_scraped() -> None:
+    """Every deploy serves /metrics on one port: image, compose, ConfigMap, pod, Service,
+    and the pod's scrape annotations."""
+    retrieval = _compose()["services"]["retrieval"]
+    port = _port(_docker_env()["RETRIEVAL_METRICS_LISTEN"])
+    assert _exposed() == [_port(_docker_env()["RETRIEVAL_LISTEN"]), port]
+    assert port == _port(_one("ConfigMap")["data"]["RETRIEVAL_METRICS_LISTEN"])
+    assert port == _port(_env(retrieval)["RETRIEVAL_METRICS_LISTEN"])
+    # Published on the host's loopback only, like gRPC.
+    assert [p.rsplit(":", 1)[1] for p in retrieval["ports"]] == [str(_port(_docker_env()["RETRIEVAL_LISTEN"])), str(port)]
+    assert all(p.startswith("127.0.0.1:") for p in retrieval["ports"])
+    pod_ports = {p["name"]: p["containerPort"] for p in _container()["ports"]}
+    assert pod_ports["metrics"] == port
+    notes = _one("Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert notes["prometheus.io/scrape"] == "true" and int(notes["prometheus.io/port"]) == port
+    assert notes["prometheus.io/path"] == "/metrics"
 
 
 def test_dockerfile_serves_via_the_cli_with_env_settings() -> None:
