@@ -157,7 +157,8 @@ node_pid() {  # node index -> live pid or empty
   local f="$RUN_DIR/node-$1.pid" p
   [[ -f "$f" ]] || return 0
   p="$(tr -dc 0-9 <"$f")"
-  if [[ -n "$p" ]] && kill -0 "$p" 2>/dev/null; then echo "$p"; fi
+  # A killed JVM may linger as a zombie until reaped: that is no live node.
+  if [[ -n "$p" ]] && kill -0 "$p" 2>/dev/null && [[ "$(ps -o stat= -p "$p" 2>/dev/null)" != Z* ]]; then echo "$p"; fi
 }
 
 health() {  # port [query] -> health json or fail
@@ -201,6 +202,7 @@ start_node() {  # index home java prefix data_root
   local i="$1" home="$2" java="$3" prefix="$4" data_root="$5"
   local http=$((PORT + i)) tport=$((PORT + 100 + i))
   local nd="$RUN_DIR/node-$i" conf="$RUN_DIR/node-$i/config"
+  kill_strays "$i"
   port_busy "$http" && die "port $http is in use by something that is not ours"
   port_busy "$tport" && die "transport port $tport is in use"
   rm -rf "$conf"; mkdir -p "$conf" "$nd/logs" "$data_root/node-$i"
@@ -234,7 +236,10 @@ start_node() {  # index home java prefix data_root
   if [[ -n "$prefix" ]]; then
     chown -R "${OPENSEARCH_RUN_AS:-nobody}" "$nd" "$data_root/node-$i"
   fi
-  rm -f "$RUN_DIR/node-$i.pid"
+  # Both pid files go: the JVM's own one survives a node that was killed with its session
+  # (SIGKILL runs no cleanup), and copy_pid would read that stale pid as this node's and
+  # judge the new node dead at once (the CI failure of a 2-node start after a killed run).
+  rm -f "$RUN_DIR/node-$i.pid" "$nd/opensearch.pid"
   # -d daemonizes; -p writes the JVM pid once it is up.
   (cd "$nd" && env OPENSEARCH_JAVA_HOME="$java" JAVA_HOME="$java" OPENSEARCH_PATH_CONF="$conf" \
       OPENSEARCH_JAVA_OPTS="${OPENSEARCH_EXTRA_JAVA_OPTS:-}" \
@@ -304,9 +309,9 @@ do_start() {
     log "running with $(cat "$RUN_DIR/nodes") node(s), $NODES asked: restarting"; do_stop
   elif (( running > 0 )); then  # some node was stopped (failover test): bring it back
     for ((i = 0; i < NODES; i++)); do
-      [[ -z "$(node_pid "$i")" ]] && { ONLY_NODE="$i"; start_single; }
+      if [[ -z "$(node_pid "$i")" ]]; then ONLY_NODE="$i"; start_single; fi
     done
-    return
+    return 0
   fi
   local home java prefix data_root
   home="$(do_fetch)"
@@ -329,6 +334,20 @@ do_start() {
 }
 
 # ---------------------------------------------------------------------------------- stop
+stray_pids() {  # index -> pids of JVMs running node I's config of this port, pid file or not
+  pgrep -f -- "-Dopensearch.path.conf=$RUN_DIR/node-$1/config( |\$)" 2>/dev/null || true
+}
+
+kill_strays() {  # index -- a node whose pid file was lost (its starter was killed) still holds ports
+  local p n
+  for p in $(stray_pids "$1"); do
+    log "node-$1: stopping a stray JVM of ours (pid $p, no pid file)"
+    kill -CONT "$p" 2>/dev/null || true; kill -TERM "$p" 2>/dev/null || true
+    for ((n = 0; n < 40; n++)); do kill -0 "$p" 2>/dev/null || break; sleep 0.5; done
+    kill -KILL "$p" 2>/dev/null || true
+  done
+}
+
 stop_one() {  # index
   local p i="$1" n
   p="$(node_pid "$i")"
@@ -339,6 +358,7 @@ stop_one() {  # index
     if kill -0 "$p" 2>/dev/null; then log "node-$i ($p) ignored SIGTERM; killing"; kill -KILL "$p" || true; fi
     log "stopped node-$i (pid $p)"
   fi
+  kill_strays "$i"
   rm -f "$RUN_DIR/node-$i.pid" "$RUN_DIR/node-$i/opensearch.pid"
 }
 

@@ -1,0 +1,59 @@
+"""deploy/opensearch/opensearch.sh after its nodes died with the session that started them.
+
+A session (or a CI run) that is killed leaves the JVM's own pid file behind and, when only the
+starter died, a JVM nobody's pid file names. Seen in CI: the next `start` read the stale pid
+as its new node's, judged the node dead at once ("no healthy cluster"), and left the new JVM
+holding the port for every later start ("in use by something that is not ours").
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.service_live import ScriptNodes
+
+pytestmark = [pytest.mark.fault, pytest.mark.integration, pytest.mark.slow]
+
+PORT = int(os.environ.get("OPENSEARCH_LAUNCHER_TEST_PORT", "9285"))
+STATE = Path("/var/tmp/retrieval-opensearch" if os.getuid() == 0
+             else Path.home() / ".cache" / "retrieval-opensearch") / "run" / str(PORT)
+
+
+def _gone(pid: int, within_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        if Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_start_recovers_from_killed_nodes_and_stop_finds_strays() -> None:
+    nodes = ScriptNodes(port=PORT, nodes=1, heap="512m").start()
+    try:
+        first = nodes.pids[0]
+        os.kill(first, signal.SIGKILL)  # the node dies with its session: no cleanup runs
+        assert _gone(first)
+        assert (STATE / "node-0" / "opensearch.pid").exists()  # what a killed JVM leaves behind
+
+        nodes.start()  # the stale pid file must not be read as the new node's
+        second = nodes.pids[0]
+        assert second != first and nodes.health()["status"] in {"green", "yellow"}
+
+        for stale in (STATE / "node-0.pid", STATE / "node-0" / "opensearch.pid"):
+            stale.unlink()  # the starter died before it kept the pid: a stray JVM of ours
+        nodes.stop()
+        assert _gone(second), "stop left a JVM of ours running without a pid file"
+        nodes.start()  # and the port is free again
+        assert nodes.pids[0] not in {first, second}
+    finally:
+        nodes.stop()
