@@ -196,6 +196,9 @@ def fit(train: Sequence[Path], valid: Sequence[Path], *, hybrid_sha: str, rerank
         report["sources"][kind] = src
         if valid and off_domain:
             report["gate"][kind] = gate_curve(valid, off_domain, doc, GATE_CURVE)
+    if valid and off_domain and hybrid_sha and rerank_sha:
+        docs = {k: json.loads((out / f"{k}.json").read_text(encoding="utf-8")) for k in ("hybrid", "rerank")}
+        report["gate"]["rerank_with_first_stage"] = serving_gate_rates(valid, off_domain, docs["hybrid"], docs["rerank"])
     (out / "calibration_report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     try:
         reliability_plot(report, out / "reliability.png")
@@ -265,6 +268,45 @@ def gate_curve(valid: Sequence[Path], off_domain: Sequence[Path], calibration: d
     return out
 
 
+def serving_gate_rates(valid: Sequence[Path], off_domain: Sequence[Path], hybrid: dict[str, Any],
+                       rerank: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per language, serving's rule for reranked lists at the calibrations' gates: valid
+    questions whose reranked top-1 is a judged answer that pass, off-domain ones refused."""
+    answerable, off = (both_judges_at_gates(p, hybrid, rerank) for p in (valid, off_domain))
+    return {lang: {
+        "answerable_kept": round(sum(ok for ok, hit in answerable[lang] if hit)
+                                 / max(1, sum(hit for _, hit in answerable[lang])), 4),
+        "answerable": sum(hit for _, hit in answerable[lang]),
+        "off_domain_refused": round(sum(not ok for ok, _ in off[lang]) / max(1, len(off[lang])), 4),
+        "off_domain": len(off[lang])} for lang in ("en", "cjk")}
+
+
+def both_judges_at_gates(paths: Sequence[Path], hybrid: dict[str, Any], rerank: dict[str, Any]
+                         ) -> dict[str, list[tuple[bool, bool]]]:
+    """Per language, per two-leg list: (does it pass the serving gate of a reranked list,
+    is its reranked top-1 a judged answer). Serving passes a reranked list when its top
+    reaches the rerank gate AND the fused top (before rerank) reaches the hybrid gate
+    (``QualityModel.gate`` with ``first_stage``)."""
+    from service.pipeline.quality import parse_calibration
+
+    h, r = parse_calibration(hybrid, "hybrid"), parse_calibration(rerank, "rerank")
+    out: dict[str, list[tuple[bool, bool]]] = {"en": [], "cjk": []}
+    for path in paths:
+        data: dict[str, Any] = json.loads(Path(path).read_text(encoding="utf-8"))
+        for record in data.values():
+            if record.get("degraded") or not record["items"]:
+                continue
+            cjk = is_cjk(record["query"])
+            reranked, fused = _rows_of(record, "rerank", "both", 1), _rows_of(record, "hybrid", "both", 1)
+            if not reranked:
+                continue
+            (xr, hit, _), (xh, _, _) = reranked[0], fused[0]
+            passed = (r.probability({f: xr[f] for f in RERANK_FEATURES}, cjk) >= r.gate(cjk)
+                      and h.probability({f: xh[f] for f in HYBRID_FEATURES}, cjk) >= h.gate(cjk))
+            out["cjk" if cjk else "en"].append((passed, hit))
+    return out
+
+
 def reliability_plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -313,7 +355,18 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("curve", help="answerable questions kept per min_quality, from valid item dumps")
     c.add_argument("--valid", type=Path, nargs="+", required=True)
     c.add_argument("--calibration", type=Path, required=True, help="a fitted hybrid.json / rerank.json")
+    g = sub.add_parser("gates", help="serving's rule for reranked lists (both judges) at shipped gates, "
+                                     "from hybrid+rerank item dumps")
+    g.add_argument("--valid", type=Path, nargs="+", required=True)
+    g.add_argument("--off-domain", type=Path, nargs="+", required=True)
+    g.add_argument("--hybrid", type=Path, required=True, help="the embedder's quality_calibration.json")
+    g.add_argument("--rerank", type=Path, required=True, help="the reranker's quality_calibration.json")
     a = p.parse_args(argv)
+    if a.cmd == "gates":
+        rates = serving_gate_rates(a.valid, a.off_domain, json.loads(a.hybrid.read_text(encoding="utf-8")),
+                                   json.loads(a.rerank.read_text(encoding="utf-8")))
+        print(json.dumps(rates, indent=1))
+        return 0
     if a.cmd == "curve":
         curve = answerable_curve(a.valid, json.loads(a.calibration.read_text(encoding="utf-8")),
                                  (0.02, 0.05, 0.08, 0.1, 0.12, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75))
@@ -330,6 +383,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{kind:7s} {lang:4s} " + ", ".join(f"{k} {v}" for k, v in res.items() if k != "reliability_top1"),
                   file=sys.stderr)
     for kind, langs in report["gate"].items():
+        if kind == "rerank_with_first_stage":
+            print(f"gate rerank with the first stage's gate too: {json.dumps(langs)}", file=sys.stderr)
+            continue
         for lang, rows in langs.items():
             print(f"gate {kind:7s} {lang:4s} " + "  ".join(
                 f"{r['min_quality']}:{r['answerable_kept']:.2f}/{r['off_domain_refused']:.2f}" for r in rows),

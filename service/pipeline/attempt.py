@@ -386,7 +386,10 @@ class AttemptRunner:
         cjk = is_cjk(req.query)
         sources = self.quality.assign_all(ranked, reranked=reranked, max_fused=max_fused, cjk=cjk,
                                           legs=legs_key, answered_max_fused=answered_max)
-        gated = self.quality.gate(ranked, sources, req.min_quality or cfg.min_quality, cjk=cjk, legs=legs_key)
+        first_stage = self.quality.first_stage_quality(ranked, max_fused=max_fused, cjk=cjk, legs=legs_key,
+                                                       answered_max_fused=answered_max) if reranked else None
+        gated = self.quality.gate(ranked, sources, req.min_quality or cfg.min_quality, cjk=cjk, legs=legs_key,
+                                  first_stage=first_stage)
         if not gated:
             if failed:
                 infra_failure("legs_failed_none_passed_gate")

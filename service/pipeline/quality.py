@@ -196,18 +196,41 @@ class QualityModel:
             return self.hybrid.gate(cjk, legs)
         return 0.0
 
+    def first_stage_quality(self, ranked: Sequence[Candidate], *, max_fused: float, cjk: bool, legs: str = "both",
+                            answered_max_fused: float | None = None) -> float | None:
+        """The hybrid calibration's probability for the fused top of ``ranked`` (what the
+        legs alone say of the best they found, before rerank), without touching any
+        ``quality``; None without a hybrid calibration or candidates."""
+        if self.hybrid is None or not ranked:
+            return None
+        c = max(ranked, key=lambda cand: cand.fused_score)
+        scale = max_fused if answered_max_fused is None else answered_max_fused
+        x = signals(dense_score=c.dense_score, bm25_score=c.bm25_score, fused_score=c.fused_score,
+                    max_fused=scale)
+        return self.hybrid.probability(x, cjk, legs)
+
     def gate(self, ranked: Sequence[Candidate], sources: Sequence[QualitySource], min_quality: float, *,
-             cjk: bool, legs: str = "both") -> list[Candidate]:
+             cjk: bool, legs: str = "both", first_stage: float | None = None) -> list[Candidate]:
         """What passes the quality gate. A ``min_quality`` (the request's or the server's)
         filters items. Without one, the calibrations' "nothing here" gate judges the list by
         its top item (the gate was fitted on top-1 items: it decides whether the corpus has
         an answer, not which of the items below the top an agent may read): all of it when
-        the top reaches its calibration's gate, else nothing."""
+        the top reaches its calibration's gate, else nothing.
+
+        ``first_stage``: for a reranked list, the hybrid calibration's quality of the fused
+        top (before rerank). Both judges must find something: the reranker re-orders the
+        first stage's candidates and cannot make a relevant one appear, and a cross-encoder
+        trained on in-domain pairs only rates some off-domain questions (money, accounts) as
+        plausibly answered by any text of the corpus, while the first stage's cosine and
+        BM25 evidence says the corpus has nothing on them (README "Relevance and quality")."""
         if min_quality > 0:
             return [c for c in ranked if c.quality >= min_quality]
-        if ranked and ranked[0].quality >= self.default_gate(sources[0], cjk, legs):
-            return list(ranked)
-        return []
+        if not ranked or ranked[0].quality < self.default_gate(sources[0], cjk, legs):
+            return []
+        if (first_stage is not None and sources[0] is QualitySource.RERANKER_PROBABILITY
+                and first_stage < self.default_gate(QualitySource.HYBRID_CALIBRATED, cjk, legs)):
+            return []
+        return list(ranked)
 
     def reference_threshold(self, source: QualitySource, cjk: bool, legs: str, configured: float) -> float:
         """REFERENCE from ``configured`` when set, else from the source's gate (what passes

@@ -8,8 +8,9 @@ import random
 from pathlib import Path
 
 import numpy as np
+import pytest
 
-from service.eval.calibration import ece, fit, fit_logistic
+from service.eval.calibration import ece, fit, fit_logistic, main
 from service.pipeline.quality import HYBRID_FEATURES, parse_calibration
 
 
@@ -96,6 +97,28 @@ def test_off_domain_negatives_give_each_language_a_gate(tmp_path: Path) -> None:
             at_gate = next(r for r in rows if r["min_quality"] >= cal.gates[f"both/{lang}"])
             # Separable here: the chosen gate keeps the answers and refuses the off-domain.
             assert at_gate["answerable_kept"] >= 0.9 and at_gate["off_domain_refused"] >= 0.9, (kind, lang, rows)
+    # Serving's rule for a reranked list (both judges: the reranker's gate and the first
+    # stage's), measured at the fitted gates on the same lists.
+    both = report["gate"]["rerank_with_first_stage"]
+    for lang in ("en", "cjk"):
+        rows = report["gate"]["rerank"][lang]
+        alone = next(r for r in rows if r["min_quality"] >= parse_calibration(
+            json.loads((tmp_path / "out" / "rerank.json").read_text()), "rerank").gates[f"both/{lang}"])
+        assert both[lang]["off_domain_refused"] >= alone["off_domain_refused"] - 1e-9  # a second judge only refuses more
+        assert 0.8 <= both[lang]["answerable_kept"] <= 1.0 and both[lang]["off_domain_refused"] >= 0.9, both
     # Without off-domain questions there is nothing to choose a gate from.
     fit([tmp_path / "train.json"], [tmp_path / "valid.json"], hybrid_sha="h" * 64, rerank_sha="", out=tmp_path / "o2")
     assert "gate" not in json.loads((tmp_path / "o2" / "hybrid.json").read_text())
+
+
+def test_the_gates_command_measures_the_serving_rule_at_shipped_gates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _dump(tmp_path / "train.json", 800, 0)
+    _dump(tmp_path / "valid.json", 400, 1)
+    _off_domain_dump(tmp_path / "off.json", 300, 2)
+    report = fit([tmp_path / "train.json"], [tmp_path / "valid.json"], hybrid_sha="h" * 64, rerank_sha="r" * 64,
+                 out=tmp_path / "out", top=3, off_domain=[tmp_path / "off.json"])
+    assert main(["gates", "--valid", str(tmp_path / "valid.json"), "--off-domain", str(tmp_path / "off.json"),
+                 "--hybrid", str(tmp_path / "out" / "hybrid.json"), "--rerank", str(tmp_path / "out" / "rerank.json")]) == 0
+    rates = json.loads(capsys.readouterr().out)
+    assert rates == report["gate"]["rerank_with_first_stage"]
+    assert rates["en"]["off_domain"] == 150 and rates["en"]["answerable"] > 0

@@ -126,3 +126,37 @@ def test_the_default_gate_judges_the_list_by_its_top_a_min_quality_filters_items
     assert model.reference_threshold(QualitySource.HYBRID_CALIBRATED, False, "bm25", 0.0) == 0.5  # no gate fitted
     assert model.reference_threshold(QualitySource.DENSE_DISTANCE, False, "both", 0.0) == 0.5
     assert model.reference_threshold(QualitySource.HYBRID_CALIBRATED, False, "both", 0.6) == 0.6
+
+
+def test_a_reranked_list_passes_only_when_the_first_stage_also_finds_something() -> None:
+    hybrid = parse_calibration({**_doc("hybrid", "h"), "gate": {"both/en": 0.3, "both/cjk": 0.2}}, "hybrid")
+    rerank = parse_calibration({**_doc("rerank", "r"), "gate": {"both/en": 0.1, "both/cjk": 0.1}}, "rerank")
+    model = QualityModel(hybrid=hybrid, rerank=rerank)
+    items = [_candidate(0.1, 2.0, 0.1, rerank=1.0), _candidate(0.2, 1.0, 0.05, rerank=0.5)]
+    src = [QualitySource.RERANKER_PROBABILITY] * 2
+    for c in items:
+        c.quality = 0.4  # the reranker's calibrated probability: above its gate
+    weak = _candidate(distance=math.sqrt(2 * (1 - 0.1)), bm25=None, fused=0.01)  # cosine 0.1
+    strong = _candidate(distance=math.sqrt(2 * (1 - 0.9)), bm25=None, fused=0.01)  # cosine 0.9
+    q_weak = model.first_stage_quality([weak], max_fused=0.1, cjk=False)
+    q_strong = model.first_stage_quality([strong], max_fused=0.1, cjk=False)
+    assert q_weak is not None and q_strong is not None and q_weak < 0.3 <= q_strong
+    assert weak.quality == 0.0  # judged without being touched
+    assert model.gate(items, src, 0.0, cjk=False, first_stage=q_strong) == items
+    assert model.gate(items, src, 0.0, cjk=False, first_stage=q_weak) == []  # the legs found nothing
+    assert model.gate(items, src, 0.0, cjk=False, first_stage=None) == items  # no hybrid judge: the reranker's alone
+    assert model.gate(items, src, 0.2, cjk=False, first_stage=q_weak) == items  # an explicit floor filters items only
+    for c in items:
+        c.quality = 0.05
+    assert model.gate(items, src, 0.0, cjk=False, first_stage=q_strong) == []  # the reranker found nothing
+    # A hybrid list (no rerank) is judged by its own gate alone.
+    hyb = [QualitySource.HYBRID_CALIBRATED] * 2
+    for c in items:
+        c.quality = 0.35
+    assert model.gate(items, hyb, 0.0, cjk=False, first_stage=q_weak) == items
+    assert QualityModel(rerank=rerank).first_stage_quality([strong], max_fused=0.1, cjk=False) is None
+    # The first stage's judge reads the fused top (before rerank), not the reranked top.
+    assert model.first_stage_quality([weak, strong], max_fused=0.1, cjk=False) == q_weak  # equal fused: the first
+    strong.fused_score = 0.05
+    assert model.first_stage_quality([weak, strong], max_fused=0.1, cjk=False) == model.first_stage_quality(
+        [strong], max_fused=0.1, cjk=False)
