@@ -1,4 +1,4 @@
-"""ACL leak hunt on the embedded engine: principals with random groups query a corpus with
+"""ACL leak hunt on both engines: principals with random groups query a corpus with
 random ACLs. A caller must learn nothing about documents it may not see:
 
 - evidence: every item returned is visible to the caller;
@@ -8,20 +8,26 @@ random ACLs. A caller must learn nothing about documents it may not see:
   never-ingested id: same fidelity, no evidence, no versions.
 
 ``LEAK_QUERIES`` sets the number of randomized queries (default 200 in `make test`;
-10,000 for the full hunt). Seeded: ``LEAK_SEED``.
+10,000 for the full hunt). Seeded: ``LEAK_SEED``. On OpenSearch, the server under test and
+every oracle have their own index prefix on the test node (ACL terms filter inside the
+OpenSearch query, exactly where a leak would be).
 """
 
 from __future__ import annotations
 
 import os
 import random
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
+import pytest
 
 from service._gen.retrieval.v1 import corpus_pb2, retrieval_pb2, types_pb2
 from service.models.dummy import HashEmbedder
 from tests.support.harness import Live, StartServer, evidence_of, result_of
+from tests.support.opensearch import drop_prefix, opensearch_url_or_skip, unique_prefix
 
 QUERIES = int(os.environ.get("LEAK_QUERIES", "200"))
 SEED = int(os.environ.get("LEAK_SEED", "12"))
@@ -45,7 +51,31 @@ def _visible(acl: tuple[str, ...], groups: tuple[str, ...]) -> bool:
     return not acl or bool(set(acl) & set(groups))
 
 
-async def test_randomized_principals_learn_nothing_about_hidden_documents(start_server: StartServer, tmp_path: Path) -> None:
+EngineConfig = Callable[..., dict[str, Any]]
+
+
+@pytest.fixture(params=["embedded", pytest.param("opensearch", marks=pytest.mark.integration)])
+def engine(request: pytest.FixtureRequest) -> Iterator[tuple[str, EngineConfig]]:
+    """The engine's name, and the config overrides for one more server on it: none for the
+    embedded engine; the node's URL and a fresh index prefix (dropped afterwards) for OpenSearch."""
+    if request.param == "embedded":
+        yield "embedded", lambda **overrides: overrides
+        return
+    url = opensearch_url_or_skip()
+    prefixes: list[str] = []
+
+    def on_opensearch(**overrides: Any) -> dict[str, Any]:
+        prefixes.append(unique_prefix("acl"))
+        return {"opensearch_url": url, "opensearch_index_prefix": prefixes[-1], **overrides}
+
+    yield "opensearch", on_opensearch
+    for prefix in prefixes:
+        drop_prefix(url, prefix)
+
+
+async def test_randomized_principals_learn_nothing_about_hidden_documents(
+        start_server: StartServer, tmp_path: Path, engine: tuple[str, EngineConfig]) -> None:
+    engine_name, on_engine = engine
     rng = random.Random(SEED)
     corpus = _corpus(rng)
     principals = {f"p{i}": tuple(sorted(rng.sample(GROUPS, k))) for i, k in enumerate((0, 1, 1, 2, 3))}
@@ -53,13 +83,13 @@ async def test_randomized_principals_learn_nothing_about_hidden_documents(start_
     keys.write_text("[[principals]]\nname = \"writer\"\napi_key = \"k-writer\"\ngroups = []\n\n" + "\n".join(
         f'[[principals]]\nname = "{p}"\napi_key = "k-{p}"\ngroups = {list(g)!r}\n'.replace("'", '"')
         for p, g in principals.items()))
-    main = await start_server(embedder=HashEmbedder(), demo=False, api_keys_file=str(keys))
+    main = await start_server(embedder=HashEmbedder(), demo=False, **on_engine(api_keys_file=str(keys)))
     summary = await main.ingest([d for d, _ in corpus], metadata=(("x-api-key", "k-writer"),))
     assert summary.documents_indexed == len(corpus), summary
     # One oracle per principal: only what it may see, stored as public.
     oracles: dict[str, Live] = {}
     for p, groups in principals.items():
-        oracles[p] = await start_server(embedder=HashEmbedder(), demo=False)
+        oracles[p] = await start_server(embedder=HashEmbedder(), demo=False, **on_engine())
         mine = []
         for d, acl in corpus:
             if _visible(acl, groups):
@@ -115,6 +145,6 @@ async def test_randomized_principals_learn_nothing_about_hidden_documents(start_
                     leaks.append(f"{p}: GetEvidence({eid}) of a hidden document differs from an unknown id: {got}")
                 if _visible(acl, groups) and eid.endswith("#0@v1") and got.fidelity != corpus_pb2.FIDELITY_EXACT:
                     leaks.append(f"{p}: GetEvidence({eid}) of a visible document is not EXACT")
-    print(f"\nACL leak hunt: {checked} queries by {len(principals)} principals over {len(corpus)} documents, "
+    print(f"\nACL leak hunt ({engine_name}): {checked} queries by {len(principals)} principals over {len(corpus)} documents, "
           f"{evidence_checks} GetEvidence checks: {len(leaks)} leaks")
     assert not leaks, "\n".join(leaks[:20])
