@@ -124,7 +124,11 @@ async def search_planned(search: SearchFn, req: AttemptRequest, flt: SearchFilte
                     for name, on, size in (("faq", req.plan.run_faq, req.plan.faq_top_k),
                                            ("doc", req.plan.run_doc, req.plan.doc_top_k))
                     if on and name in allowed]
-    jobs = [(name, i, asyncio.ensure_future(_collect(search, q, f, legs, deadline, size)))
+    # Every leg searches at least the service's usual depth (and deep enough to take over an
+    # empty collection's share); each collection's fused list is cut to its size afterwards:
+    # RRF over two plan-sized (8-10 deep) lists loses the answers that sit deep in one leg.
+    depth = max(default_size, sum(size for _, _, size in searches))
+    jobs = [(name, i, asyncio.ensure_future(_collect(search, q, f, legs, deadline, depth)))
             for name, f, size in searches for i, q in enumerate(variants)]
     try:
         await asyncio.gather(*(j for _, _, j in jobs))
@@ -132,7 +136,7 @@ async def search_planned(search: SearchFn, req: AttemptRequest, flt: SearchFilte
         for _, _, j in jobs:
             j.cancel()
     parts: list[tuple[str, LegRun]] = []
-    per_collection: list[list[Candidate]] = []
+    fused_lists: list[list[Candidate]] = []
     for name, _, _ in searches:
         lists = []
         for coll, i, job in jobs:
@@ -143,11 +147,23 @@ async def search_planned(search: SearchFn, req: AttemptRequest, flt: SearchFilte
             parts.extend((label, r) for r in runs)
             hits = {r.report.kind: r.hits for r in runs}
             lists.append(fuse_legs(hits.get(LegKind.BM25, []), hits.get(LegKind.KNN, []), fusion))
-        per_collection.append([c for c, _ in fuse_variants(lists)])
+        fused_lists.append([c for c, _ in fuse_variants(lists)])
+    per_collection = fused_lists if req.plan is None else cut_to_plan(fused_lists, [size for _, _, size in searches])
     runs = [_aggregate(kind, parts) for kind in (LegKind.BM25, LegKind.KNN)]
     judge([c for lst in per_collection for c in lst], runs)
     merged = list(heapq.merge(*per_collection, key=lambda c: -c.quality))
     return PlannedSearch(runs, merged, variants)
+
+
+def cut_to_plan(fused: list[list[Candidate]], sizes: list[int]) -> list[list[Candidate]]:
+    """Each collection's fused list cut to its plan size; a collection that found nothing
+    (the knowledge base has no FAQ entries, say) hands its share to the ones that did, so
+    an FAQ-first plan (documents halved because the FAQ is expected to answer) does not
+    starve the documents when there is no FAQ to answer."""
+    found = [i for i, lst in enumerate(fused) if lst]
+    spare = sum(size for lst, size in zip(fused, sizes) if not lst)
+    extra = {i: spare // len(found) + (1 if n < spare % len(found) else 0) for n, i in enumerate(found)}
+    return [lst[: size + extra.get(i, 0)] for i, (lst, size) in enumerate(zip(fused, sizes))]
 
 
 _NOT_WORD = re.compile(r"[\W_]+")

@@ -12,7 +12,13 @@ from service.engines.base import ChunkRecord
 from service.errors import InvalidArgument
 from service.pipeline.context_budget import apply_plan_budget
 from service.pipeline.fusion import Candidate
-from service.pipeline.plan_execution import faq_direct_answer, normalize_question, rerank_query, resolve_plan
+from service.pipeline.plan_execution import (
+    cut_to_plan,
+    faq_direct_answer,
+    normalize_question,
+    rerank_query,
+    resolve_plan,
+)
 from service.pipeline.request import AttemptRequest
 from service.pipeline.variants import fuse_variants
 from service.planning.plan import RetrievalPlan
@@ -107,3 +113,17 @@ def test_sub_search_reports_aggregate_to_one_per_leg_kind() -> None:
     errored = parts + [("doc/variant 1", LegRun(LegReport(LegKind.KNN, LegStatus.ERROR, 1.0, 0, "boom"), []))]
     assert _aggregate(LegKind.KNN, errored).report.status is LegStatus.ERROR
     assert _aggregate(LegKind.RERANK, parts).report.status is LegStatus.SKIPPED
+
+
+def test_each_collection_is_cut_to_its_plan_size_and_an_empty_one_hands_over_its_share() -> None:
+    faq = [cand(f"f{i}", collection="faq") for i in range(30)]
+    doc = [cand(f"d{i}") for i in range(40)]
+    # Both found something: each keeps its own size, in its own order.
+    cut = cut_to_plan([faq, doc], [20, 10])
+    assert [len(x) for x in cut] == [20, 10] and cut[1] == doc[:10]
+    # No FAQ entries matched (a knowledge base without FAQ): the documents get the FAQ's share.
+    assert [len(x) for x in cut_to_plan([[], doc], [20, 10])] == [0, 30]
+    assert [len(x) for x in cut_to_plan([faq[:5], []], [20, 10])] == [5, 0]  # short lists stay short
+    assert cut_to_plan([[], []], [20, 10]) == [[], []]
+    # Three lists, one empty: its share is split, the remainder to the first.
+    assert [len(x) for x in cut_to_plan([faq, [], doc], [5, 3, 5])] == [7, 0, 6]
