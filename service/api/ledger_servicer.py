@@ -16,9 +16,15 @@ from service.app import App
 from service.engines.base import EngineError
 from service.errors import BackendFailure, DomainError, InvalidArgument, NotFound
 from service.ledger.base import LedgerUnavailable
+from service.ledger.operations import Caller
 from service.pipeline.replay import replay
+from service.pipeline.request import Principal
 
 Context = grpc.aio.ServicerContext[Any, Any]
+
+
+def _caller(principal: Principal) -> Caller:
+    return Caller(principal.name, principal.unrestricted)
 
 
 class LedgerServicer(ledger_pb2_grpc.LedgerServiceServicer):
@@ -28,8 +34,8 @@ class LedgerServicer(ledger_pb2_grpc.LedgerServiceServicer):
 
     async def GetRun(self, request: ledger_pb2.GetRunRequest, context: Context) -> ledger_pb2.Run:  # noqa: N802
         try:
-            self.auth.authenticate(context)
-            view = await self.app.ledger_ops.get_run(request.run_id, request.page_size, request.page_token)
+            caller = _caller(self.auth.authenticate(context))
+            view = await self.app.ledger_ops.get_run(request.run_id, request.page_size, request.page_token, caller)
         except DomainError as exc:
             await abort_with(context, exc)
             raise AssertionError("unreachable") from None
@@ -39,7 +45,7 @@ class LedgerServicer(ledger_pb2_grpc.LedgerServiceServicer):
         try:
             principal = self.auth.authenticate(context)
             outcome = await self.app.ledger_ops.resolve_gap(
-                request.run_id, request.gap_id, lc.resolution_from_pb(request, principal.name))
+                request.run_id, request.gap_id, lc.resolution_from_pb(request, principal.name), _caller(principal))
         except DomainError as exc:
             await abort_with(context, exc)
             raise AssertionError("unreachable") from None
@@ -49,8 +55,8 @@ class LedgerServicer(ledger_pb2_grpc.LedgerServiceServicer):
         self, request: ledger_pb2.ValidateCitationsRequest, context: Context
     ) -> ledger_pb2.ValidateCitationsResponse:
         try:
-            self.auth.authenticate(context)
-            checks = await self.app.ledger_ops.validate_citations(request.run_id, list(request.evidence_ids))
+            caller = _caller(self.auth.authenticate(context))
+            checks = await self.app.ledger_ops.validate_citations(request.run_id, list(request.evidence_ids), caller)
         except DomainError as exc:
             await abort_with(context, exc)
             raise AssertionError("unreachable") from None
@@ -84,7 +90,7 @@ class LedgerServicer(ledger_pb2_grpc.LedgerServiceServicer):
     async def PurgeRun(self, request: ledger_pb2.PurgeRunRequest, context: Context) -> ledger_pb2.PurgeRunResponse:  # noqa: N802
         try:
             principal = self.auth.authenticate(context)
-            report = await self.app.ledger_ops.purge(request.run_id, request.reason, principal.name)
+            report = await self.app.ledger_ops.purge(request.run_id, request.reason, _caller(principal))
         except DomainError as exc:
             await abort_with(context, exc)
             raise AssertionError("unreachable") from None

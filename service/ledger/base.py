@@ -49,6 +49,12 @@ class RunState:
     searches_used: int
     require_gap: bool
     created_at_ms: int
+    # The principal whose attempt created the run ("" for runs recorded before owners were):
+    # only it (and unrestricted callers) may spend from, read or govern the run.
+    owner: str = ""
+
+    def visible_to(self, caller: str, sees_all: bool = False) -> bool:
+        return sees_all or not self.owner or self.owner == caller
 
     @property
     def searches_left(self) -> int:
@@ -120,16 +126,23 @@ class PurgeReport:
     attempts: int
     gaps: int
     observations: int
+    owner: str = ""  # the purged run's owner: only it (and unrestricted callers) learn of the purge
 
 
 GapDecision = Callable[[GapRecord, list[Observation]], GapRecord]
 
 BUDGET_EXHAUSTED = "budget_exhausted"
 NO_GAP_IN_RUN = "no_gap_in_run"
+# Another principal's run: refused like a run the caller may not see (nothing spent, no budget shown).
+RUN_NOT_OWNED = "run_not_owned"
 
 
-def budget_decision(limit: int, used: int, per_search: int, require_gap: bool, has_gap: bool) -> BudgetDecision:
-    """The one budget rule both stores apply to the run's current state."""
+def budget_decision(limit: int, used: int, per_search: int, require_gap: bool, has_gap: bool,
+                    owned: bool = True) -> BudgetDecision:
+    """The one budget rule both stores apply to the run's current state (``owned``: the
+    caller may use the run, ``RunState.visible_to``)."""
+    if not owned:
+        return BudgetDecision(False, 0, 0, per_search, RUN_NOT_OWNED)
     before = max(0, limit - used)
     if require_gap and not has_gap:
         return BudgetDecision(False, before, before, per_search, NO_GAP_IN_RUN)
@@ -163,10 +176,11 @@ class Ledger(abc.ABC):
     @abc.abstractmethod
     async def reserve_search(
         self, run_id: str, max_searches: int, max_results_per_search: int, *,
-        require_gap: bool = False, has_gap: bool = True,
+        require_gap: bool = False, has_gap: bool = True, owner: str = "", sees_all: bool = False,
     ) -> BudgetDecision:
-        """Spend one search of the run atomically (creating the run with this budget and
-        policy on first use). Refusals spend nothing."""
+        """Spend one search of the run atomically (creating the run with this budget,
+        policy and ``owner`` on first use). A run of another owner is refused
+        (RUN_NOT_OWNED) unless ``sees_all``. Refusals spend nothing."""
 
     @abc.abstractmethod
     async def record(self, entries: Sequence[AttemptEntry]) -> None:

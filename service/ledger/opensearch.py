@@ -61,7 +61,8 @@ _LONG = {"type": "long"}
 _OPAQUE = {"type": "object", "enabled": False}
 _MAPPINGS: dict[str, JSON] = {
     "runs": {"run_id": _KEYWORD, "max_searches": _LONG, "max_results_per_search": _LONG,
-             "searches_used": _LONG, "require_gap": {"type": "boolean"}, "created_at_ms": _LONG},
+             "searches_used": _LONG, "require_gap": {"type": "boolean"}, "created_at_ms": _LONG,
+             "owner": _KEYWORD},
     "attempts": {"run_id": _KEYWORD, "gap_id": _KEYWORD, "attempt_id": _KEYWORD, "outcome": _KEYWORD,
                  "created_at_ms": _LONG, "record": _OPAQUE, "request": _OPAQUE},
     "observations": {"run_id": _KEYWORD, "evidence_id": _KEYWORD, "chunk_key": _KEYWORD, "attempt_id": _KEYWORD,
@@ -88,12 +89,14 @@ class _RunSeen:
 
 def _run_doc(s: RunState) -> JSON:
     return {"run_id": s.run_id, "max_searches": s.max_searches, "max_results_per_search": s.max_results_per_search,
-            "searches_used": s.searches_used, "require_gap": s.require_gap, "created_at_ms": s.created_at_ms}
+            "searches_used": s.searches_used, "require_gap": s.require_gap, "created_at_ms": s.created_at_ms,
+            "owner": s.owner}
 
 
 def _run_from(src: JSON) -> RunState:
     return RunState(src["run_id"], int(src["max_searches"]), int(src["max_results_per_search"]),
-                    int(src["searches_used"]), bool(src.get("require_gap", False)), int(src["created_at_ms"]))
+                    int(src["searches_used"]), bool(src.get("require_gap", False)), int(src["created_at_ms"]),
+                    str(src.get("owner", "")))
 
 
 def _obs_from(src: JSON) -> Observation:
@@ -148,6 +151,10 @@ class OpenSearchLedger(Ledger):
                 except LedgerUnavailable as exc:
                     if "resource_already_exists" not in str(exc):
                         raise
+                    # An index from an older version: add the fields it lacks (strict mappings
+                    # refuse unknown fields; adding one in place is allowed).
+                    await self._call(self._client.indices.put_mapping(index=self.index(name), body={"properties": props}),
+                                     "update mapping", max(self.timeout_s, 30.0))
             self._ready = True
 
     async def start(self) -> None:
@@ -181,7 +188,7 @@ class OpenSearchLedger(Ledger):
 
     async def reserve_search(
         self, run_id: str, max_searches: int, max_results_per_search: int, *,
-        require_gap: bool = False, has_gap: bool = True,
+        require_gap: bool = False, has_gap: bool = True, owner: str = "", sees_all: bool = False,
     ) -> BudgetDecision:
         await self._ensure()
         lock = self._run_locks.setdefault(run_id, asyncio.Lock())
@@ -190,7 +197,7 @@ class OpenSearchLedger(Ledger):
                 seen = self._runs.get(run_id)
                 if seen is None:
                     state = RunState(run_id, max_searches, max_results_per_search, 0, require_gap,
-                                     int(time.time() * 1000))
+                                     int(time.time() * 1000), owner)
                     decision = budget_decision(max_searches, 0, max_results_per_search, require_gap, has_gap)
                     if decision.allowed:
                         state = RunState(**{**state.__dict__, "searches_used": 1})
@@ -204,7 +211,7 @@ class OpenSearchLedger(Ledger):
                     return decision
                 s = seen.state
                 decision = budget_decision(s.max_searches, s.searches_used, s.max_results_per_search,
-                                           s.require_gap, has_gap)
+                                           s.require_gap, has_gap, s.visible_to(owner, sees_all))
                 if not decision.allowed:
                     return decision
                 spent = RunState(**{**s.__dict__, "searches_used": s.searches_used + 1})
@@ -344,7 +351,8 @@ class OpenSearchLedger(Ledger):
 
     async def purge_run(self, run_id: str, reason: str, principal: str, now_ms: int) -> PurgeReport | None:
         await self._ensure()
-        if await self._read_run(run_id) is None:
+        seen = await self._read_run(run_id)
+        if seen is None:
             return None
         counts: dict[str, int] = {}
         for name in ("attempts", "gaps", "observations"):
@@ -359,7 +367,7 @@ class OpenSearchLedger(Ledger):
             pass
         self._runs.pop(run_id, None)
         report = PurgeReport(run_id, now_ms, reason, principal, counts["attempts"], counts["gaps"],
-                             counts["observations"])
+                             counts["observations"], seen.state.owner)
         await self._call(self._client.index(index=self.index("purges"), id=run_id, params={"refresh": "true"},
                                             body={"run_id": run_id, "purged_at_ms": now_ms, "report": report.__dict__}),
                          "record purge")

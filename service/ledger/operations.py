@@ -28,6 +28,15 @@ _FLUSH_S = 2.0
 _DAY_MS = 86_400_000
 
 
+@dataclass(frozen=True)
+class Caller:
+    """Who asks: a run of another owner answers exactly like an unknown run, unless
+    ``sees_all`` (unrestricted internal callers)."""
+
+    name: str
+    sees_all: bool = False
+
+
 @dataclass
 class RunView:
     run: RunState
@@ -56,13 +65,15 @@ class LedgerOperations:
         except LedgerUnavailable as exc:
             raise BackendFailure(f"ledger unavailable: {exc}") from exc
 
-    async def _run_or_404(self, run_id: str) -> RunState:
+    async def _run_or_404(self, run_id: str, caller: Caller) -> RunState:
         if not run_id:
             raise InvalidArgument.one("run_id", "must not be empty")
         run = await self._store(lambda: self.ledger.get_run(run_id))
+        if run is not None and not run.visible_to(caller.name, caller.sees_all):
+            raise NotFound(f"no run {run_id!r}")  # another principal's: exactly like an unknown id
         if run is None:
             purge = await self._store(lambda: self.ledger.purge_record(run_id))
-            if purge is not None:
+            if purge is not None and (caller.sees_all or (purge.owner or purge.principal) == caller.name):
                 raise NotFound(f"run {run_id!r} was purged at {purge.purged_at_ms} (epoch ms) by "
                                f"{purge.principal}: {purge.reason or 'no reason given'}")
             raise NotFound(f"no run {run_id!r}")
@@ -71,10 +82,10 @@ class LedgerOperations:
     async def get_attempt(self, attempt_id: str) -> AttemptRecord | None:
         return await self._store(lambda: self.ledger.get_attempt(attempt_id))
 
-    async def get_run(self, run_id: str, page_size: int, page_token: str) -> RunView:
+    async def get_run(self, run_id: str, page_size: int, page_token: str, caller: Caller) -> RunView:
         if page_size > MAX_PAGE:
             raise InvalidArgument.one("page_size", f"at most {MAX_PAGE}")
-        run = await self._run_or_404(run_id)
+        run = await self._run_or_404(run_id, caller)
         gaps = await self._store(lambda: self.ledger.gaps(run_id))
         try:
             attempts, nxt = await self._store(
@@ -83,11 +94,11 @@ class LedgerOperations:
             raise InvalidArgument.one("page_token", "not a token this server issued") from None
         return RunView(run, gaps, open_critical(gaps, self.critical_threshold), attempts, nxt, self.critical_threshold)
 
-    async def resolve_gap(self, run_id: str, gap_id: str, resolution: Resolution) -> ResolutionOutcome:
+    async def resolve_gap(self, run_id: str, gap_id: str, resolution: Resolution, caller: Caller) -> ResolutionOutcome:
         if not gap_id:
             raise InvalidArgument.one("gap_id", "must not be empty")
         validate_resolution(resolution)
-        await self._run_or_404(run_id)
+        await self._run_or_404(run_id, caller)
         outcome: list[ResolutionOutcome] = []
 
         def apply(gap: GapRecord, observed: list[Observation]) -> GapRecord:
@@ -99,19 +110,19 @@ class LedgerOperations:
             raise NotFound(f"run {run_id!r} has no gap {gap_id!r}")
         return outcome[0]
 
-    async def validate_citations(self, run_id: str, evidence_ids: Sequence[str]) -> list[Citation]:
+    async def validate_citations(self, run_id: str, evidence_ids: Sequence[str], caller: Caller) -> list[Citation]:
         if not evidence_ids:
             raise InvalidArgument.one("evidence_ids", "cite at least one id")
-        await self._run_or_404(run_id)
+        await self._run_or_404(run_id, caller)
         in_run = await self._store(lambda: self.ledger.observations(run_id))
         seen = {o.evidence_id for o in in_run}
         elsewhere = await self._store(
             lambda: self.ledger.observations_elsewhere(run_id, [i for i in evidence_ids if i not in seen]))
         return [classify(i, in_run, elsewhere) for i in evidence_ids]
 
-    async def purge(self, run_id: str, reason: str, principal: str) -> PurgeReport:
-        if not run_id:
-            raise InvalidArgument.one("run_id", "must not be empty")
+    async def purge(self, run_id: str, reason: str, caller: Caller) -> PurgeReport:
+        await self._run_or_404(run_id, caller)  # another principal's run is not found
+        principal = caller.name
         report = await self._store(lambda: self.ledger.purge_run(run_id, reason, principal, _now_ms()))
         if report is None:
             raise NotFound(f"no run {run_id!r}")

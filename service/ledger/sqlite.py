@@ -86,6 +86,7 @@ CREATE TABLE IF NOT EXISTS purges (
 _MIGRATIONS = (
     ("runs", "require_gap", "INTEGER NOT NULL DEFAULT 0"),
     ("attempts", "request_json", "TEXT NOT NULL DEFAULT '{}'"),
+    ("runs", "owner", "TEXT NOT NULL DEFAULT ''"),
 )
 
 
@@ -153,16 +154,17 @@ class SqliteLedger(Ledger):
 
     async def reserve_search(
         self, run_id: str, max_searches: int, max_results_per_search: int, *,
-        require_gap: bool = False, has_gap: bool = True,
+        require_gap: bool = False, has_gap: bool = True, owner: str = "", sees_all: bool = False,
     ) -> BudgetDecision:
         def reserve(conn: sqlite3.Connection) -> BudgetDecision:
             conn.execute(
                 "INSERT OR IGNORE INTO runs(run_id, max_searches, max_results_per_search, searches_used,"
-                " created_at_ms, require_gap) VALUES (?, ?, ?, 0, ?, ?)",
-                (run_id, max_searches, max_results_per_search, int(time.time() * 1000), int(require_gap)))
-            row = conn.execute("SELECT max_searches, max_results_per_search, searches_used, require_gap"
+                " created_at_ms, require_gap, owner) VALUES (?, ?, ?, 0, ?, ?, ?)",
+                (run_id, max_searches, max_results_per_search, int(time.time() * 1000), int(require_gap), owner))
+            row = conn.execute("SELECT max_searches, max_results_per_search, searches_used, require_gap, owner"
                                " FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-            decision = budget_decision(int(row[0]), int(row[2]), int(row[1]), bool(row[3]), has_gap)
+            owned = sees_all or not row[4] or row[4] == owner
+            decision = budget_decision(int(row[0]), int(row[2]), int(row[1]), bool(row[3]), has_gap, owned)
             if decision.allowed:
                 conn.execute("UPDATE runs SET searches_used = searches_used + 1 WHERE run_id = ?", (run_id,))
             return decision
@@ -172,11 +174,11 @@ class SqliteLedger(Ledger):
     async def get_run(self, run_id: str) -> RunState | None:
         def get() -> RunState | None:
             row = self.conn.execute(
-                "SELECT max_searches, max_results_per_search, searches_used, require_gap, created_at_ms"
+                "SELECT max_searches, max_results_per_search, searches_used, require_gap, created_at_ms, owner"
                 " FROM runs WHERE run_id = ?", (run_id,)).fetchone()
             if row is None:
                 return None
-            return RunState(run_id, int(row[0]), int(row[1]), int(row[2]), bool(row[3]), int(row[4]))
+            return RunState(run_id, int(row[0]), int(row[1]), int(row[2]), bool(row[3]), int(row[4]), str(row[5]))
 
         return await self._call(get)
 
@@ -191,8 +193,9 @@ class SqliteLedger(Ledger):
                     s = e.run
                     conn.execute(
                         "INSERT OR IGNORE INTO runs(run_id, max_searches, max_results_per_search, searches_used,"
-                        " created_at_ms, require_gap) VALUES (?, ?, ?, 0, ?, ?)",
-                        (s.run_id, s.max_searches, s.max_results_per_search, s.created_at_ms, int(s.require_gap)))
+                        " created_at_ms, require_gap, owner) VALUES (?, ?, ?, 0, ?, ?, ?)",
+                        (s.run_id, s.max_searches, s.max_results_per_search, s.created_at_ms, int(s.require_gap),
+                         s.owner))
                 conn.execute(
                     "INSERT OR REPLACE INTO attempts(attempt_id, run_id, gap_id, channel, query, requested_top_k,"
                     " outcome, stopping_reason, principal, created_at_ms, record_json, request_json)"
@@ -291,13 +294,14 @@ class SqliteLedger(Ledger):
 
     async def purge_run(self, run_id: str, reason: str, principal: str, now_ms: int) -> PurgeReport | None:
         def purge(conn: sqlite3.Connection) -> PurgeReport | None:
-            if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
+            row = conn.execute("SELECT owner FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            if row is None:
                 return None
             conn.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
             attempts = conn.execute("DELETE FROM attempts WHERE run_id = ?", (run_id,)).rowcount
             gaps = conn.execute("DELETE FROM gaps WHERE run_id = ?", (run_id,)).rowcount
             observations = conn.execute("DELETE FROM observations WHERE run_id = ?", (run_id,)).rowcount
-            report = PurgeReport(run_id, now_ms, reason, principal, attempts, gaps, observations)
+            report = PurgeReport(run_id, now_ms, reason, principal, attempts, gaps, observations, str(row[0]))
             conn.execute("INSERT OR REPLACE INTO purges VALUES (?, ?, ?)",
                          (run_id, now_ms, json.dumps(report.__dict__, ensure_ascii=False)))
             return report

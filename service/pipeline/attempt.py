@@ -42,7 +42,7 @@ from service.engines.base import (
     SearchResponse,
 )
 from service.errors import DeadlineExceeded, Overloaded
-from service.ledger.base import NO_GAP_IN_RUN, Ledger, LedgerUnavailable
+from service.ledger.base import NO_GAP_IN_RUN, RUN_NOT_OWNED, Ledger, LedgerUnavailable
 from service.ledger.writer import AttemptWriter
 from service.models.passage_states import rerank_passage_text
 from service.models.runtime import ModelRuntime, Timing
@@ -294,15 +294,15 @@ class AttemptRunner:
         top_k = req.top_k
         if req.run_id:
             try:
-                decision = await reserve(self.ledger, req, cfg)
+                decision = await reserve(self.ledger, req, cfg, principal)
             except LedgerUnavailable:
                 # The budget cannot be enforced: nothing is searched, and that is an
                 # infrastructure failure, never EMPTY (README "The evidence ledger").
                 result.outcome, result.stopping_reason = Outcome.BACKEND_ERROR, "ledger_unavailable"
                 return
             result.budget_before, result.budget_after = decision.before, decision.after
-            if decision.reason == NO_GAP_IN_RUN:
-                result.outcome, result.stopping_reason = Outcome.PERMISSION_DENIED, NO_GAP_IN_RUN
+            if decision.reason in (NO_GAP_IN_RUN, RUN_NOT_OWNED):
+                result.outcome, result.stopping_reason = Outcome.PERMISSION_DENIED, decision.reason
                 return
             if not decision.allowed:
                 result.outcome, result.stopping_reason = Outcome.BUDGET_DENIED, "budget_exhausted"

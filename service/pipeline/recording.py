@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from service.config import Config
 from service.domain import AttemptRecord
-from service.ledger.base import AttemptEntry, BudgetDecision, GapRecord, Ledger, Observation, RunState
+from service.ledger.base import RUN_NOT_OWNED, AttemptEntry, BudgetDecision, GapRecord, Ledger, Observation, RunState
 from service.pipeline.request import AttemptRequest, Principal
 
 if TYPE_CHECKING:
@@ -24,12 +24,13 @@ def request_to_dict(req: AttemptRequest) -> dict[str, Any]:
     }
 
 
-async def reserve(ledger: Ledger, req: AttemptRequest, cfg: Config) -> BudgetDecision:
-    """Spend one search of ``req.run_id``; raises LedgerUnavailable."""
+async def reserve(ledger: Ledger, req: AttemptRequest, cfg: Config, principal: Principal) -> BudgetDecision:
+    """Spend one search of ``req.run_id`` (created owned by ``principal``); raises LedgerUnavailable."""
     return await ledger.reserve_search(
         req.run_id, req.budget_max_searches or cfg.default_max_searches,
         req.budget_max_results or cfg.default_max_results_per_search,
-        require_gap=req.require_gap, has_gap=req.gap is not None)
+        require_gap=req.require_gap, has_gap=req.gap is not None, owner=principal.name,
+        sees_all=principal.unrestricted)
 
 
 def entry_for(
@@ -38,9 +39,12 @@ def entry_for(
 ) -> AttemptEntry:
     now = int(time.time() * 1000)
     gap_id = req.gap.gap_id if req.gap else ""
+    # Refused for naming another principal's run: a fact of the caller's, written into
+    # nothing of that run (not its attempts list, not its gaps).
+    run_id = "" if result.stopping_reason == RUN_NOT_OWNED else req.run_id
     returned = [e.candidate.chunk.chunk_id for e in evidence]
     record = AttemptRecord(
-        attempt_id=result.attempt_id, run_id=req.run_id, gap_id=gap_id, channel=channel, query=req.query,
+        attempt_id=result.attempt_id, run_id=run_id, gap_id=gap_id, channel=channel, query=req.query,
         requested_top_k=req.top_k, outcome=result.outcome, stopping_reason=result.stopping_reason,
         principal=principal.name, created_at_ms=now, evidence_ids=returned,
         retrieved_count=result.retrieved_count, admissible_count=result.admissible_count,
@@ -51,9 +55,10 @@ def entry_for(
     observations: list[Observation] = []
     gap = None
     run = None
-    if req.run_id:
+    if run_id:
         run = RunState(req.run_id, req.budget_max_searches or cfg.default_max_searches,
-                       req.budget_max_results or cfg.default_max_results_per_search, 0, req.require_gap, now)
+                       req.budget_max_results or cfg.default_max_results_per_search, 0, req.require_gap, now,
+                       principal.name)
         observations = [Observation(req.run_id, eid, result.attempt_id, gap_id, True, now) for eid in returned]
         observations += [Observation(req.run_id, eid, result.attempt_id, gap_id, False, now)
                          for eid in dict.fromkeys(result.inadmissible_ids)]

@@ -79,8 +79,8 @@ async def replay(
 ) -> Replay | None:
     """None when the ledger has no such attempt. Raises LedgerUnavailable, EngineError."""
     record = await ledger.get_attempt(attempt_id)
-    if record is None:
-        return None
+    if record is None or not (principal.unrestricted or record.principal == principal.name):
+        return None  # another principal's attempt (its query, what it saw) answers like an unknown id
     found = {c.chunk_id: c for c in await engine.get_chunks(record.evidence_ids)} if record.evidence_ids else {}
     items = []
     for eid in record.evidence_ids:

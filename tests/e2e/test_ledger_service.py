@@ -18,7 +18,7 @@ from grpc_status import rpc_status
 from service._gen.retrieval.v1 import corpus_pb2, ledger_pb2, ledger_pb2_grpc, retrieval_pb2, types_pb2
 from service.engines.base import EngineUnavailable
 from tests.support import demo_expectations as expect
-from tests.support.harness import Live, StartServer, evidence_of, result_of
+from tests.support.harness import Live, StartServer, demo_documents, evidence_of, result_of
 
 EXTERNAL = types_pb2.GAP_KIND_EXTERNAL_KNOWLEDGE
 OUT = types_pb2
@@ -331,3 +331,59 @@ async def test_a_locked_ledger_never_turns_a_search_into_empty(start_server: Sta
     assert rec.attempt.outcome == OUT.ATTEMPT_OUTCOME_EVIDENCE_FOUND
     failed = await live.retrieval.GetAttempt(retrieval_pb2.GetAttemptRequest(attempt_id=in_run.attempt_id))
     assert failed.attempt.stopping_reason == "ledger_unavailable"
+
+
+async def test_a_run_belongs_to_its_principal_another_learns_nothing_of_it(
+        start_server: StartServer, tmp_path: Any) -> None:
+    """Every ledger RPC on another principal's run (or attempt) answers exactly like an
+    unknown id; an attempt naming it is refused (PERMISSION_DENIED, run_not_owned), spends
+    nothing and writes nothing into that run."""
+    keys = tmp_path / "keys.toml"
+    keys.write_text('[[principals]]\nname = "alice"\napi_key = "k-alice"\ngroups = []\n\n'
+                    '[[principals]]\nname = "mallory"\napi_key = "k-mallory"\ngroups = []\n')
+    live = await start_server(api_keys_file=str(keys), demo=False)
+    alice, mallory = (("x-api-key", "k-alice"),), (("x-api-key", "k-mallory"),)
+    await live.ingest(demo_documents(), metadata=alice)
+    run, unknown = rid(), rid("never")
+    got = await live.retrieve(query="how do I reset my password", top_k=3, run_id=run, gap=gap("g1"),
+                              budget=retrieval_pb2.RunBudget(max_searches=3), metadata=alice)
+    mine = result_of(got)
+    assert mine.outcome == OUT.ATTEMPT_OUTCOME_EVIDENCE_FOUND
+    cited = [e.evidence_id for e in evidence_of(got)][:1]
+    led = stub(live)
+
+    async def status_of(call: Any, request: Any, md: Any) -> tuple[str, str]:
+        try:
+            await call(request, metadata=md)
+            return "OK", ""
+        except grpc.aio.AioRpcError as err:
+            details = err.details() or ""
+            for echoed in (unknown, run, "never-attempt", mine.attempt_id):  # each call echoes its own id
+                details = details.replace(echoed, "ID")
+            return err.code().name, details
+
+    def calls(run_id: str, attempt_id: str) -> list[tuple[Any, Any]]:
+        return [
+            (led.GetRun, ledger_pb2.GetRunRequest(run_id=run_id)),
+            (led.ValidateCitations, ledger_pb2.ValidateCitationsRequest(run_id=run_id, evidence_ids=cited)),
+            (led.ResolveGap, ledger_pb2.ResolveGapRequest(run_id=run_id, gap_id="g1", resolution=ledger_pb2.GAP_STATE_RESOLVED,
+                                                          supporting_evidence_ids=cited)),
+            (led.ReplayAttempt, ledger_pb2.ReplayAttemptRequest(attempt_id=attempt_id)),
+            (led.PurgeRun, ledger_pb2.PurgeRunRequest(run_id=run_id, reason="mine now")),
+        ]
+
+    for (call, theirs), (_, never) in zip(calls(run, mine.attempt_id), calls(unknown, "never-attempt")):
+        seen = await status_of(call, theirs, mallory)
+        assert seen[0] == "NOT_FOUND" and seen == await status_of(call, never, mallory), (call, seen)
+
+    denied = result_of(await live.retrieve(query="password", top_k=3, run_id=run, gap=gap("g-m"), metadata=mallory))
+    assert denied.outcome == OUT.ATTEMPT_OUTCOME_PERMISSION_DENIED and denied.stopping_reason == "run_not_owned"
+    assert denied.budget_before == 0 == denied.budget_after
+    view = await led.GetRun(ledger_pb2.GetRunRequest(run_id=run), metadata=alice)  # the owner's run is untouched
+    assert view.budget.searches_used == 1 and [a.attempt_id for a in view.attempts] == [mine.attempt_id]
+    assert [g.gap_id for g in view.gaps] == ["g1"]
+    record = await live.retrieval.GetAttempt(retrieval_pb2.GetAttemptRequest(attempt_id=denied.attempt_id),
+                                             metadata=mallory)
+    assert record.attempt.stopping_reason == "run_not_owned" and not record.attempt.run_id  # still a fact, its own
+    assert (await led.ValidateCitations(ledger_pb2.ValidateCitationsRequest(run_id=run, evidence_ids=cited),
+                                        metadata=alice)).all_valid

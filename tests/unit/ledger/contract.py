@@ -12,11 +12,13 @@ from service.domain import AttemptRecord, LegKind, LegReport, LegStatus, LegTimi
 from service.ledger.base import (
     BUDGET_EXHAUSTED,
     NO_GAP_IN_RUN,
+    RUN_NOT_OWNED,
     AttemptEntry,
     GapRecord,
     GapState,
     Ledger,
     Observation,
+    RunState,
 )
 from service.ledger.rules import CitationStatus, Resolution, classify, decide, open_critical
 
@@ -75,6 +77,26 @@ class LedgerContract:
         assert (await ledger.reserve_search(run, 2, 5, has_gap=True)).allowed
         state = await ledger.get_run(run)
         assert state is not None and state.require_gap and state.searches_used == 1
+
+    async def test_a_run_is_its_creators_another_principal_is_refused_and_spends_nothing(
+            self, open_ledger: OpenLedger) -> None:
+        a, b = await open_ledger(), await open_ledger()
+        run = rid()
+        assert (await a.reserve_search(run, 3, 5, owner="alice")).allowed
+        for ledger in (a, b):  # the same answer from every process sharing the store
+            refused = await ledger.reserve_search(run, 3, 5, owner="mallory")
+            assert not refused.allowed and refused.reason == RUN_NOT_OWNED
+            assert refused.before == refused.after == 0  # nothing of the run's budget shown
+        assert (await b.reserve_search(run, 3, 5, owner="ops", sees_all=True)).allowed  # unrestricted callers may
+        state = await b.get_run(run)
+        assert state is not None and state.owner == "alice" and state.searches_used == 2
+        assert state.visible_to("alice") and not state.visible_to("mallory") and state.visible_to("x", sees_all=True)
+        # A run recorded before owners were (or by the writer first) keeps whoever made it.
+        late = rid()
+        await a.record([AttemptEntry(record(late, rid("a")), [], None, {}, RunState(late, 2, 2, 0, False, 5, "bob"))])
+        assert (await b.reserve_search(late, 2, 2, owner="mallory")).reason == RUN_NOT_OWNED
+        report = await a.purge_run(run, "done", "alice", 99)
+        assert report is not None and report.owner == "alice" and (await a.purge_record(run)) == report
 
     async def test_attempt_roundtrip_and_request(self, open_ledger: OpenLedger) -> None:
         ledger = await open_ledger()
