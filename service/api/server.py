@@ -26,6 +26,7 @@ from service.api.auth import Authenticator
 from service.api.ledger_servicer import LedgerServicer
 from service.api.admission import Admission
 from service.api.quotas import Limits
+from service.api.reflection_pool import MethodAwarePool
 from service.api.servicers import CorpusServicer, RetrievalServicer
 from service.api.undecodable import RejectUndecodable
 from service.api.transport_security import check_exposure, server_credentials
@@ -65,7 +66,7 @@ class Server:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-             reflection.SERVICE_NAME), self.grpc)
+             reflection.SERVICE_NAME), self.grpc, pool=MethodAwarePool())
         self.port = 0
         self.metrics_port = 0  # the /metrics port once started with metrics_listen
         self._watch: asyncio.Task[None] | None = None

@@ -273,6 +273,19 @@ async def test_health_serving_and_reflection(demo: Live) -> None:
         names |= {s.name for s in resp.list_services_response.service}
     assert {"retrieval.v1.RetrievalService", "retrieval.v1.CorpusService", "grpc.health.v1.Health"} <= names
 
+    # Load tools (ghz) resolve a call by its method symbol; the service's file must come back.
+    async def by_symbol(symbol: str) -> reflection_pb2.ServerReflectionResponse:
+        async def one():  # type: ignore[no-untyped-def]
+            yield reflection_pb2.ServerReflectionRequest(file_containing_symbol=symbol)
+        return [r async for r in stub.ServerReflectionInfo(one())][0]
+
+    for symbol in ("retrieval.v1.RetrievalService.Lookup", "retrieval.v1.CorpusService.IngestStream",
+                   "retrieval.v1.LedgerService.GetRun", "retrieval.v1.RetrieveRequest"):
+        resp = await by_symbol(symbol)
+        assert resp.WhichOneof("message_response") == "file_descriptor_response", (symbol, resp.error_response)
+    for unknown in ("retrieval.v1.RetrievalService.NoSuchMethod", "no.such.Service.Method", "Nothing"):
+        assert (await by_symbol(unknown)).WhichOneof("message_response") == "error_response", unknown
+
 
 async def test_a_leg_left_out_by_request_is_skipped_not_failed(demo: Live) -> None:
     bm25_only = retrieval_pb2.RetrievalOptions(legs=[types_pb2.LEG_KIND_BM25])
