@@ -16,9 +16,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from service._gen.retrieval.v1 import corpus_pb2, corpus_pb2_grpc, types_pb2
+from service._gen.retrieval.v1 import corpus_pb2, types_pb2
 from service.models.dummy import HashEmbedder
 from tests.support.harness import Live, StartServer
+from tests.support.ingest_stream import Acks, stream_documents
 from tests.support.tcp_proxy import TcpProxy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,24 +65,12 @@ async def test_acks_per_document_with_errors(live: Live) -> None:
 
 
 async def _stream_through(target: str, docs: list[corpus_pb2.Document], cut: TcpProxy | None = None,
-                          cut_after: int = 0) -> tuple[dict[int, corpus_pb2.DocumentAck], grpc.aio.AioRpcError | None]:
-    acks: dict[int, corpus_pb2.DocumentAck] = {}
-    async with grpc.aio.insecure_channel(target) as channel:
-        stub = corpus_pb2_grpc.CorpusServiceStub(channel)
+                          cut_after: int = 0) -> tuple[Acks, grpc.aio.AioRpcError | None]:
+    async def maybe_cut(acks: Acks) -> None:
+        if cut is not None and len(acks) >= cut_after:
+            await cut.refuse()  # the connection drops mid-stream
 
-        async def requests() -> AsyncIterator[corpus_pb2.IngestStreamRequest]:
-            for i, d in enumerate(docs):
-                yield corpus_pb2.IngestStreamRequest(document=d, sequence=i + 1)
-
-        try:
-            async for response in stub.IngestStream(requests(), timeout=120):
-                for ack in response.acks:
-                    acks[ack.sequence] = ack
-                if cut is not None and len(acks) >= cut_after:
-                    await cut.refuse()  # the connection drops mid-stream
-        except grpc.aio.AioRpcError as err:
-            return acks, err
-    return acks, None
+    return await stream_documents(target, docs, timeout=120, on_response=maybe_cut)
 
 
 async def test_connection_cut_mid_stream_then_rerun_indexes_only_what_is_missing(live: Live) -> None:

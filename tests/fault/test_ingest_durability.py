@@ -14,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 
-from service._gen.retrieval.v1 import corpus_pb2, corpus_pb2_grpc, retrieval_pb2, retrieval_pb2_grpc, types_pb2
+from service._gen.retrieval.v1 import corpus_pb2, retrieval_pb2, retrieval_pb2_grpc, types_pb2
+from tests.support.ingest_stream import Acks, stream_documents
 from tests.support.opensearch import drop_prefix, opensearch_url_or_skip, unique_prefix
 from tests.support.service_live import ScriptNodes, ServiceProcess
 
@@ -28,7 +29,6 @@ pytestmark = [pytest.mark.fault, pytest.mark.slow]
 
 N_DOCS = 300
 NODE_PORT = int(os.environ.get("OPENSEARCH_INGEST_FAULT_PORT", "9295"))
-Acks = dict[int, corpus_pb2.DocumentAck]
 
 
 def _doc(i: int) -> corpus_pb2.Document:
@@ -45,26 +45,9 @@ def _env(prefix: str = "") -> dict[str, str]:
     return {**env, "RETRIEVAL_OPENSEARCH_INDEX_PREFIX": prefix} if prefix else env
 
 
-async def _stream(target: str, on_ack: object = None) -> tuple[Acks, grpc.aio.AioRpcError | None]:
-    """Send every document over one IngestStream; ``on_ack(acks)`` runs after each response."""
-    acks: Acks = {}
-    async with grpc.aio.insecure_channel(target) as channel:
-        stub = corpus_pb2_grpc.CorpusServiceStub(channel)
-
-        async def requests() -> AsyncIterator[corpus_pb2.IngestStreamRequest]:
-            for i, d in enumerate(DOCS):
-                yield corpus_pb2.IngestStreamRequest(document=d, sequence=i + 1)
-
-        try:
-            async for response in stub.IngestStream(requests(), timeout=180):
-                for ack in response.acks:
-                    assert ack.sequence not in acks, "acknowledged twice"
-                    acks[ack.sequence] = ack
-                if callable(on_ack):
-                    await on_ack(acks)
-        except grpc.aio.AioRpcError as err:
-            return acks, err
-    return acks, None
+async def _stream(target: str, on_ack: Callable[[Acks], Awaitable[None]] | None = None
+                  ) -> tuple[Acks, grpc.aio.AioRpcError | None]:
+    return await stream_documents(target, DOCS, on_response=on_ack)
 
 
 async def _check_committed(svc: ServiceProcess, acks: Acks) -> None:
