@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -97,6 +98,27 @@ def attainable(rows: int, int8: bool, threads: int, seconds: float) -> float:
     return sum(flops) / sum(times) / 1e9
 
 
+def op_profile(model_path: Path, feeds: dict[str, np.ndarray], threads: int, runs: int = 20) -> list[tuple[str, float]]:
+    """Share of kernel time per op type (onnxruntime's profiler): where the time off the GEMMs goes."""
+    import collections
+    import json
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.enable_profiling = True
+    opts.profile_file_prefix = str(Path(tempfile.mkdtemp()) / "ort")
+    sess = ort.InferenceSession(str(model_path), opts, providers=["CPUExecutionProvider"])
+    for _ in range(runs):
+        sess.run(None, feeds)
+    events = json.loads(Path(sess.end_profiling()).read_text())
+    spent: collections.Counter[str] = collections.Counter()
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            spent[e["args"]["op_name"]] += e["dur"]
+    total = sum(spent.values()) or 1
+    return [(op, us / total) for op, us in spent.most_common(6)]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=2)
@@ -138,6 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|")
     for stage, shape, items, rate, peak, ratio in rows:
         print(f"| {stage} | {shape} | {items:.0f} | {rate:.1f} | {peak:.1f} | {ratio:.0%} |")
+    enc = emb.tokenize([PASSAGE] * 8, "passage")
+    shares = op_profile(models / "multilingual-e5-small-int8" / "model.onnx",
+                        {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask}, a.threads)
+    print("\nembedder, passages 8 per call, kernel time by op: "
+          + ", ".join(f"{op} {share:.0%}" for op, share in shares))
     return 0
 
 
