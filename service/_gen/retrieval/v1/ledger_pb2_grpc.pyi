@@ -34,6 +34,10 @@ class LedgerServiceStub:
     Reads see every attempt this server has finished (its writes are flushed first) and
     every attempt other replicas have written (milliseconds after they finished).
 
+    A run belongs to the principal whose attempt created it: every RPC here answers
+    another principal's run (or attempt) exactly like an unknown one, NOT_FOUND with the
+    same message; unrestricted internal principals see every run.
+
     Transport-level codes shared with RetrievalService: UNAUTHENTICATED (API keys
     configured, none valid), INVALID_ARGUMENT (google.rpc.BadRequest names each field),
     RESOURCE_EXHAUSTED (the principal's rate limit; RetryInfo and `retry-after-ms`),
@@ -95,6 +99,10 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     Reads see every attempt this server has finished (its writes are flushed first) and
     every attempt other replicas have written (milliseconds after they finished).
 
+    A run belongs to the principal whose attempt created it: every RPC here answers
+    another principal's run (or attempt) exactly like an unknown one, NOT_FOUND with the
+    same message; unrestricted internal principals see every run.
+
     Transport-level codes shared with RetrievalService: UNAUTHENTICATED (API keys
     configured, none valid), INVALID_ARGUMENT (google.rpc.BadRequest names each field),
     RESOURCE_EXHAUSTED (the principal's rate limit; RetryInfo and `retry-after-ms`),
@@ -151,6 +159,10 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
 
     Reads see every attempt this server has finished (its writes are flushed first) and
     every attempt other replicas have written (milliseconds after they finished).
+
+    A run belongs to the principal whose attempt created it: every RPC here answers
+    another principal's run (or attempt) exactly like an unknown one, NOT_FOUND with the
+    same message; unrestricted internal principals see every run.
 
     Transport-level codes shared with RetrievalService: UNAUTHENTICATED (API keys
     configured, none valid), INVALID_ARGUMENT (google.rpc.BadRequest names each field),

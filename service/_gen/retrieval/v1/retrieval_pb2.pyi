@@ -66,7 +66,11 @@ class RetrieveRequest(_message.Message):
     top_k: _builtins.int
     """Evidence items to return, 1..`max_top_k` (server config, default 50)."""
     run_id: _builtins.str
-    """Groups attempts into a run with a budget. Optional: no run, no budget accounting."""
+    """Groups attempts into a run with a budget. Optional: no run, no budget accounting.
+    The run belongs to the principal whose attempt created it: another principal's
+    attempt naming it is refused with PERMISSION_DENIED (stopping_reason
+    `run_not_owned`), nothing is searched or spent.
+    """
     tool_call_id: _builtins.str
     """Echoed in LookupResult so an agent can match the tool result to its call."""
     @_builtins.property

@@ -30,6 +30,9 @@ type RetrieveRequest struct {
 	// Evidence items to return, 1..`max_top_k` (server config, default 50).
 	TopK uint32 `protobuf:"varint,2,opt,name=top_k,json=topK,proto3" json:"top_k,omitempty"`
 	// Groups attempts into a run with a budget. Optional: no run, no budget accounting.
+	// The run belongs to the principal whose attempt created it: another principal's
+	// attempt naming it is refused with PERMISSION_DENIED (stopping_reason
+	// `run_not_owned`), nothing is searched or spent.
 	RunId string `protobuf:"bytes,3,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
 	// Filters applied inside the engine queries, before ranking.
 	Filters *Filters `protobuf:"bytes,4,opt,name=filters,proto3" json:"filters,omitempty"`

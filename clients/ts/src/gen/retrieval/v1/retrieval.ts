@@ -65,7 +65,12 @@ export interface RetrieveRequest {
   query: string;
   /** Evidence items to return, 1..`max_top_k` (server config, default 50). */
   topK: number;
-  /** Groups attempts into a run with a budget. Optional: no run, no budget accounting. */
+  /**
+   * Groups attempts into a run with a budget. Optional: no run, no budget accounting.
+   * The run belongs to the principal whose attempt created it: another principal's
+   * attempt naming it is refused with PERMISSION_DENIED (stopping_reason
+   * `run_not_owned`), nothing is searched or spent.
+   */
   runId: string;
   /** Filters applied inside the engine queries, before ranking. */
   filters:
