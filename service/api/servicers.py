@@ -120,7 +120,7 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
                 raise InvalidArgument.one("attempt_id", "must not be empty")
             record = await self.app.ledger_ops.get_attempt(request.attempt_id)
             # Another principal's attempt (its query, the evidence it saw) answers like an unknown id.
-            if record is None or not (principal.unrestricted or record.principal == principal.name):
+            if record is None or not principal.owns(record.principal):
                 raise NotFound(f"no attempt {request.attempt_id!r}")
         except DomainError as exc:
             await abort_with(context, exc)
@@ -275,11 +275,8 @@ class CorpusServicer(corpus_pb2_grpc.CorpusServiceServicer):
             await abort_with(context, exc)
             raise AssertionError("unreachable")
 
-        def may_see(c: Any) -> bool:
-            return principal.unrestricted or not c.acl or bool(set(c.acl) & set(principal.groups))
-
-        visible = [c for c in found if may_see(c)]
-        seen_versions = {c.version for c in heads if may_see(c)}
+        visible = [c for c in found if principal.may_read(c.acl)]
+        seen_versions = {c.version for c in heads if principal.may_read(c.acl)}
         versions = [v for v in versions if v in seen_versions]
         if visible:
             chunk = visible[0]

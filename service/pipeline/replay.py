@@ -79,13 +79,13 @@ async def replay(
 ) -> Replay | None:
     """None when the ledger has no such attempt. Raises LedgerUnavailable, EngineError."""
     record = await ledger.get_attempt(attempt_id)
-    if record is None or not (principal.unrestricted or record.principal == principal.name):
+    if record is None or not principal.owns(record.principal):
         return None  # another principal's attempt (its query, what it saw) answers like an unknown id
     found = {c.chunk_id: c for c in await engine.get_chunks(record.evidence_ids)} if record.evidence_ids else {}
     items = []
     for eid in record.evidence_ids:
         chunk = found.get(eid)  # exactly this id (version included), or nothing
-        if chunk is not None and not (principal.unrestricted or not chunk.acl or set(chunk.acl) & set(principal.groups)):
+        if chunk is not None and not principal.may_read(chunk.acl):
             chunk = None  # a caller that may not read it gets no text
         items.append(ReplayedItem(eid, chunk, await engine.versions(chunk_key(eid).rpartition("#")[0])))
     out = Replay(record, items)

@@ -23,6 +23,14 @@ class Principal:
     # Trusted internal callers see every document regardless of ACL; never API-key callers.
     unrestricted: bool = False
 
+    def may_read(self, acl: Sequence[str]) -> bool:
+        """A document with this ACL (empty: public)."""
+        return self.unrestricted or not acl or bool(set(acl) & set(self.groups))
+
+    def owns(self, owner: str) -> bool:
+        """What ``owner`` left in the ledger (an attempt record: its query, what it saw)."""
+        return self.unrestricted or owner == self.name
+
 
 ANONYMOUS = Principal("anonymous")
 
