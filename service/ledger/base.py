@@ -41,6 +41,12 @@ class BudgetDecision:
     reason: str = ""
 
 
+def run_visible(owner: str, caller: str, sees_all: bool = False) -> bool:
+    """May ``caller`` use or read a run of ``owner``: its owner, anyone for a run without
+    one, and unrestricted callers (``sees_all``)."""
+    return sees_all or not owner or owner == caller
+
+
 @dataclass(frozen=True)
 class RunState:
     run_id: str
@@ -54,7 +60,7 @@ class RunState:
     owner: str = ""
 
     def visible_to(self, caller: str, sees_all: bool = False) -> bool:
-        return sees_all or not self.owner or self.owner == caller
+        return run_visible(self.owner, caller, sees_all)
 
     @property
     def searches_left(self) -> int:

@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from service.domain import AttemptRecord
 from service.errors import BackendFailure, InvalidArgument, NotFound
-from service.ledger.base import GapRecord, Ledger, LedgerUnavailable, Observation, PurgeReport, RunState
+from service.ledger.base import GapRecord, Ledger, LedgerUnavailable, Observation, PurgeReport, RunState, run_visible
 from service.ledger.rules import Citation, Resolution, ResolutionOutcome, classify, decide, open_critical, validate_resolution
 from service.ledger.writer import AttemptWriter
 
@@ -73,7 +73,8 @@ class LedgerOperations:
             raise NotFound(f"no run {run_id!r}")  # another principal's: exactly like an unknown id
         if run is None:
             purge = await self._store(lambda: self.ledger.purge_record(run_id))
-            if purge is not None and (caller.sees_all or (purge.owner or purge.principal) == caller.name):
+            # Records from before owners were kept name only who purged.
+            if purge is not None and run_visible(purge.owner or purge.principal, caller.name, caller.sees_all):
                 raise NotFound(f"run {run_id!r} was purged at {purge.purged_at_ms} (epoch ms) by "
                                f"{purge.principal}: {purge.reason or 'no reason given'}")
             raise NotFound(f"no run {run_id!r}")

@@ -34,6 +34,7 @@ from service.ledger.base import (
     RunState,
     budget_decision,
     registered_gap,
+    run_visible,
 )
 
 T = TypeVar("T")
@@ -163,8 +164,8 @@ class SqliteLedger(Ledger):
                 (run_id, max_searches, max_results_per_search, int(time.time() * 1000), int(require_gap), owner))
             row = conn.execute("SELECT max_searches, max_results_per_search, searches_used, require_gap, owner"
                                " FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-            owned = sees_all or not row[4] or row[4] == owner
-            decision = budget_decision(int(row[0]), int(row[2]), int(row[1]), bool(row[3]), has_gap, owned)
+            decision = budget_decision(int(row[0]), int(row[2]), int(row[1]), bool(row[3]), has_gap,
+                                       run_visible(str(row[4]), owner, sees_all))
             if decision.allowed:
                 conn.execute("UPDATE runs SET searches_used = searches_used + 1 WHERE run_id = ?", (run_id,))
             return decision
