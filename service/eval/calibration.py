@@ -173,6 +173,7 @@ def fit(train: Sequence[Path], valid: Sequence[Path], *, hybrid_sha: str, rerank
     report: dict[str, Any] = {"label": "item is a judged answer (InsuranceQA); off-domain questions: none is",
                               "rows_per_list": top, "fitted_on": [str(p) for p in train],
                               "measured_on": [str(p) for p in valid], "sources": {}, "gate": {}}
+    docs: dict[str, dict[str, Any]] = {}
     for kind, features, sha in (("hybrid", HYBRID_FEATURES, hybrid_sha), ("rerank", RERANK_FEATURES, rerank_sha)):
         if not sha:
             continue
@@ -193,11 +194,11 @@ def fit(train: Sequence[Path], valid: Sequence[Path], *, hybrid_sha: str, rerank
                   if valid and off_domain else {}),
                "valid": {key: {k: v for k, v in r.items() if k != "reliability_top1"} for key, r in src.items()}}
         (out / f"{kind}.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        docs[kind] = doc
         report["sources"][kind] = src
         if valid and off_domain:
             report["gate"][kind] = gate_curve(valid, off_domain, doc, GATE_CURVE)
     if valid and off_domain and hybrid_sha and rerank_sha:
-        docs = {k: json.loads((out / f"{k}.json").read_text(encoding="utf-8")) for k in ("hybrid", "rerank")}
         report["gate"]["rerank_with_first_stage"] = serving_gate_rates(valid, off_domain, docs["hybrid"], docs["rerank"])
     (out / "calibration_report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     try:
@@ -286,10 +287,12 @@ def both_judges_at_gates(paths: Sequence[Path], hybrid: dict[str, Any], rerank: 
     """Per language, per two-leg list: (does it pass the serving gate of a reranked list,
     is its reranked top-1 a judged answer). Serving passes a reranked list when its top
     reaches the rerank gate AND the fused top (before rerank) reaches the hybrid gate
-    (``QualityModel.gate`` with ``first_stage``)."""
-    from service.pipeline.quality import parse_calibration
+    (``QualityModel.passes_default_gate``, the rule serving applies)."""
+    from service.domain import QualitySource
+    from service.pipeline.quality import QualityModel, parse_calibration
 
     h, r = parse_calibration(hybrid, "hybrid"), parse_calibration(rerank, "rerank")
+    served = QualityModel(hybrid=h, rerank=r)
     out: dict[str, list[tuple[bool, bool]]] = {"en": [], "cjk": []}
     for path in paths:
         data: dict[str, Any] = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -301,8 +304,9 @@ def both_judges_at_gates(paths: Sequence[Path], hybrid: dict[str, Any], rerank: 
             if not reranked:
                 continue
             (xr, hit, _), (xh, _, _) = reranked[0], fused[0]
-            passed = (r.probability({f: xr[f] for f in RERANK_FEATURES}, cjk) >= r.gate(cjk)
-                      and h.probability({f: xh[f] for f in HYBRID_FEATURES}, cjk) >= h.gate(cjk))
+            passed = served.passes_default_gate(
+                r.probability({f: xr[f] for f in RERANK_FEATURES}, cjk), QualitySource.RERANKER_PROBABILITY, cjk,
+                first_stage=h.probability({f: xh[f] for f in HYBRID_FEATURES}, cjk))
             out["cjk" if cjk else "en"].append((passed, hit))
     return out
 

@@ -225,12 +225,18 @@ class QualityModel:
         BM25 evidence says the corpus has nothing on them (README "Relevance and quality")."""
         if min_quality > 0:
             return [c for c in ranked if c.quality >= min_quality]
-        if not ranked or ranked[0].quality < self.default_gate(sources[0], cjk, legs):
-            return []
-        if (first_stage is not None and sources[0] is QualitySource.RERANKER_PROBABILITY
-                and first_stage < self.default_gate(QualitySource.HYBRID_CALIBRATED, cjk, legs)):
-            return []
-        return list(ranked)
+        if ranked and self.passes_default_gate(ranked[0].quality, sources[0], cjk, legs, first_stage):
+            return list(ranked)
+        return []
+
+    def passes_default_gate(self, top_quality: float, top_source: QualitySource, cjk: bool, legs: str = "both",
+                            first_stage: float | None = None) -> bool:
+        """The "nothing here" rule for a list whose top item has ``top_quality`` (see
+        ``gate``); ``service.eval.calibration`` measures the same rule offline."""
+        if top_quality < self.default_gate(top_source, cjk, legs):
+            return False
+        return not (first_stage is not None and top_source is QualitySource.RERANKER_PROBABILITY
+                    and first_stage < self.default_gate(QualitySource.HYBRID_CALIBRATED, cjk, legs))
 
     def reference_threshold(self, source: QualitySource, cjk: bool, legs: str, configured: float) -> float:
         """REFERENCE from ``configured`` when set, else from the source's gate (what passes
