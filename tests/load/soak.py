@@ -37,7 +37,6 @@ import json
 import os
 import random
 import signal
-import statistics
 import sys
 import tempfile
 import time
@@ -50,6 +49,7 @@ import psutil
 
 from service._gen.retrieval.v1 import corpus_pb2, corpus_pb2_grpc, retrieval_pb2, retrieval_pb2_grpc, types_pb2
 from service.eval.answerability import GENERAL_OFF_TOPIC
+from tests.load.loadgen import percentile
 from tests.support.harness import demo_documents
 from tests.support.demo_expectations import RANKING_CASES
 from tests.support.service_live import ScriptNodes, ServiceProcess
@@ -245,8 +245,8 @@ class Soak:
             "mix_by_window": {kind: mix([c for c in self.calls if kind in self.fault_during(c)])
                               for kind in ("blackhole", "sigstop", "burst")},
             "mix_clean": mix(clean), "answered_in_clean_windows": round(found_clean, 4),
-            "p50_ms": round(statistics.median(ok) * 1000, 1) if ok else None,
-            "p99_ms": round(sorted(ok)[int(0.99 * (len(ok) - 1))] * 1000, 1) if ok else None,
+            "p50_ms": round(percentile(ok, 50) * 1000, 1) if ok else None,
+            "p99_ms": round(percentile(ok, 99) * 1000, 1) if ok else None,
             "acknowledged_documents": len(self.acked), "lost_documents": len(lost),
             "rss_mb_first_last": [round(warm[0] / 2**20), round(warm[-1] / 2**20)] if warm else [],
             "ledger_records_checked": len(ledger_outcomes),
