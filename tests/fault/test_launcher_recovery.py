@@ -20,8 +20,6 @@ from tests.support.service_live import ScriptNodes
 pytestmark = [pytest.mark.fault, pytest.mark.integration, pytest.mark.slow]
 
 PORT = int(os.environ.get("OPENSEARCH_LAUNCHER_TEST_PORT", "9285"))
-STATE = Path("/var/tmp/retrieval-opensearch" if os.getuid() == 0
-             else Path.home() / ".cache" / "retrieval-opensearch") / "run" / str(PORT)
 
 
 def _gone(pid: int, within_s: float = 30.0) -> bool:
@@ -39,17 +37,19 @@ def _gone(pid: int, within_s: float = 30.0) -> bool:
 
 def test_start_recovers_from_killed_nodes_and_stop_finds_strays() -> None:
     nodes = ScriptNodes(port=PORT, nodes=1, heap="512m").start()
+    assert nodes.run_dir is not None  # where the launcher keeps this port's pid files
+    state = nodes.run_dir
     try:
         first = nodes.pids[0]
         os.kill(first, signal.SIGKILL)  # the node dies with its session: no cleanup runs
         assert _gone(first)
-        assert (STATE / "node-0" / "opensearch.pid").exists()  # what a killed JVM leaves behind
+        assert (state / "node-0" / "opensearch.pid").exists()  # what a killed JVM leaves behind
 
         nodes.start()  # the stale pid file must not be read as the new node's
         second = nodes.pids[0]
         assert second != first and nodes.health()["status"] in {"green", "yellow"}
 
-        for stale in (STATE / "node-0.pid", STATE / "node-0" / "opensearch.pid"):
+        for stale in (state / "node-0.pid", state / "node-0" / "opensearch.pid"):
             stale.unlink()  # the starter died before it kept the pid: a stray JVM of ours
         nodes.stop()
         assert _gone(second), "stop left a JVM of ours running without a pid file"

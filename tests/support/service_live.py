@@ -170,6 +170,7 @@ class ScriptNodes:
     start_timeout_s: int = 360
     pids: list[int] = dataclasses.field(default_factory=list)
     start_s: float = 0.0
+    run_dir: Path | None = None  # the launcher's state for this port (pid files, node configs)
 
     @property
     def url(self) -> str:
@@ -193,6 +194,8 @@ class ScriptNodes:
         match = re.search(r"^pids: ([\d ]+)$", out.stdout, re.MULTILINE)
         assert match, out.stdout
         self.pids = [int(p) for p in match.group(1).split()]
+        run_dir = re.search(r"^run-dir: (.+)$", out.stdout, re.MULTILINE)
+        self.run_dir = Path(run_dir.group(1)) if run_dir else None
         return self
 
     def stop_node(self, index: int) -> None:
