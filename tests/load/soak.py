@@ -86,10 +86,9 @@ class Window:
 
 
 class Soak:
-    def __init__(self, minutes: float, rate: float, out: Path, seed: int) -> None:
+    def __init__(self, minutes: float, rate: float, seed: int) -> None:
         self.until = time.monotonic() + minutes * 60
         self.rate = rate
-        self.out = out
         self.rng = random.Random(seed)
         self.calls: list[Call] = []
         self.windows: list[Window] = []
@@ -265,7 +264,7 @@ async def run(args: argparse.Namespace) -> int:
         await svc.wait_serving(300)
         summary = await svc.ingest(demo_documents(), timeout=120)
         assert not summary.errors, summary.errors
-        soak = Soak(args.minutes, args.rate, out, args.seed)
+        soak = Soak(args.minutes, args.rate, args.seed)
         stub = retrieval_pb2_grpc.RetrievalServiceStub(svc.channel)
         started = time.monotonic()
         await asyncio.gather(soak.client(stub), soak.ingest(svc.target), soak.faults(proxy, nodes.pids[0], stub),
