@@ -123,7 +123,7 @@ def resolve_reranker(cfg: Config) -> RerankerChoice:
         if why:
             return RerankerChoice(None, f"default reranker {DEFAULT_RERANKER} not used: {why}")
     backend = load_cross_encoder(path, threads=cfg.model_threads, max_length=cfg.rerank_max_length,
-                                 compact_states=cfg.rerank_states_compact)
+                                 compact_states=cfg.rerank_states_compact, parallel=cfg.rerank_parallel)
     return RerankerChoice(backend, alpha=_alpha(cfg, gate), model_dir=path)
 
 

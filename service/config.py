@@ -67,15 +67,18 @@ class Config:
     # Negative: the alpha tuned on valid for the model (its gate file), else 1.0.
     rerank_alpha: float = -1.0
     rerank_max_length: int = 256
+    # Threads one rerank's length groups run on at once (a reranker with the two-graph
+    # layout): 2 uses both cores of a quiet 2-core machine for one query (rerank p50 ~0.6x);
+    # under load the pool's workers already share the cores. 1: one thread per rerank.
+    rerank_parallel: int = 2
     # Compute the reranker's passage states at ingest and store them with each chunk, so a
     # rerank runs only the query's lower layers and the joint layers (README "Cached passage
     # states"); chunks without current states are computed at rerank time either way.
-    # Opt-in: storing them costs a second model pass at ingest (ingest at ~0.35x) and the
-    # stored-state logits drift 0.1-0.4 from the one graph's that the shipped quality
-    # calibration and its "nothing here" gate were fitted on.
+    # Opt-in: storing them costs a second model pass at ingest (ingest at ~0.6-0.8x) and
+    # ~34 KB a chunk (full width).
     rerank_states: bool = False
     # Store them down-projected (96 PCA dims, ~7.8 KB for an 80-token chunk) instead of full
-    # width (int8, ~31 KB): same valid nDCG@10, but logits come out ~0.5 lower than the one
+    # width (int8, ~31 KB): same valid nDCG@10, but logits come out ~0.1 lower than the one
     # graph's, which the shipped quality calibration does not know (README).
     rerank_states_compact: bool = False
     # The quality gate for requests that set none (below it: INSUFFICIENT). 0: the

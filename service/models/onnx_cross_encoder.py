@@ -14,8 +14,10 @@ Two layouts, told apart by the manifest's ``architecture``:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import concurrent.futures
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -23,6 +25,8 @@ from service.models._ort import batch_invariant, load_tokenizer, make_session, p
 from service.models.base import CrossEncoderBackend, Encoded, FloatArray, ModelInfo, pad_rows
 from service.models.manifest import MODEL_FILE, TOKENIZER_FILE, read_manifest
 from service.models.passage_states import StatesCodec
+
+T = TypeVar("T")
 
 
 class OnnxCrossEncoder(CrossEncoderBackend):
@@ -33,7 +37,13 @@ class OnnxCrossEncoder(CrossEncoderBackend):
     ``OnnxEmbedder``."""
 
     def __init__(self, model_dir: Path, threads: int = 1, max_length: int | None = None,
-                 compact_states: bool = False) -> None:
+                 compact_states: bool = False, parallel: int = 1) -> None:
+        # The two-graph path runs one call per length group; ``parallel`` > 1 runs a call's
+        # groups on that many threads at once (onnxruntime releases the GIL), so a single
+        # rerank on an idle machine uses every core. The groups, and so the logits, are the
+        # same whatever ``parallel`` is.
+        self._fanout = (concurrent.futures.ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="rerank-group")
+                        if parallel > 1 else None)
         manifest = read_manifest(model_dir, "cross-encoder")
         limit = int(manifest["max_length"])
         self.max_length = min(max_length or limit, limit)
@@ -105,12 +115,21 @@ class OnnxCrossEncoder(CrossEncoderBackend):
         """The lower layers on token rows -> one [tokens, hidden] float32 array per row, run
         in length-sorted groups so short passages are not padded to the longest."""
         out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(rows)
-        for group in _length_groups([len(r) for r in rows]):
+
+        def run(group: list[int]) -> np.ndarray:
             ids, mask = pad_rows([rows[i] for i in group], self._pad_id)
-            states = np.asarray(self._lower.run(None, {"input_ids": ids, "attention_mask": mask})[0], dtype=np.float32)
+            return np.asarray(self._lower.run(None, {"input_ids": ids, "attention_mask": mask})[0], dtype=np.float32)
+
+        groups = _length_groups([len(r) for r in rows])
+        for group, states in zip(groups, self._map(run, groups)):
             for j, i in enumerate(group):
                 out[i] = states[j, : len(rows[i])]
         return out
+
+    def _map(self, fn: Callable[[list[int]], T], groups: list[list[int]]) -> list[T]:
+        if self._fanout is None or len(groups) < 2:
+            return [fn(g) for g in groups]
+        return list(self._fanout.map(fn, groups))
 
     def passage_states(self, passages: list[str]) -> list[bytes]:
         if self.states_key is None:
@@ -120,8 +139,11 @@ class OnnxCrossEncoder(CrossEncoderBackend):
         return [self._codec.encode(x) for x in self._lower_states(self._passage_rows(passages))]
 
     def tokenize_with_states(self, pairs: list[tuple[str, str]], states: Sequence[bytes | None]) -> Encoded:
-        if self.states_key is None or not any(s is not None for s in states):
-            return self.tokenize(pairs)  # the one-graph path: nothing stored to reuse
+        if self.states_key is None:
+            return self.tokenize(pairs)  # no two-graph layout: the one graph
+        # With the two graphs, even a rerank with nothing stored takes them: length-sorted
+        # groups pad far less than one call over every pair, and run in parallel (README
+        # "Cached passage states"; the logits match the one graph's within its own int8 noise).
         distinct = list(dict.fromkeys(q for q, _ in pairs))
         q_rows = [self._assemble(e.ids, self._query_prefix, self.max_query_tokens)
                   for e in self._tokenizer.encode_batch(distinct, add_special_tokens=False)]
@@ -169,12 +191,17 @@ class OnnxCrossEncoder(CrossEncoderBackend):
         qx, qmask = stack(q_states)
         of = ex["query_of"]
         logits = np.zeros(n, np.float32)
-        for group in _length_groups([per_row[i].shape[0] for i in range(n)]):
+
+        def run(group: list[int]) -> np.ndarray:
             px, pmask = stack([per_row[i] for i in group])
             rows = of[group]
             out = self._joint.run(None, {"query_states": qx[rows], "query_mask": qmask[rows],
                                          "passage_states": px, "passage_mask": pmask})[0]
-            logits[group] = np.asarray(out, dtype=np.float32).reshape(len(group))
+            return np.asarray(out, dtype=np.float32).reshape(len(group))
+
+        groups = _length_groups([per_row[i].shape[0] for i in range(n)])
+        for group, out in zip(groups, self._map(run, groups)):
+            logits[group] = out
         return logits
 
     def tokenize(self, pairs: list[tuple[str, str]]) -> Encoded:
@@ -208,9 +235,11 @@ class OnnxCrossEncoder(CrossEncoderBackend):
         return np.asarray(out, dtype=np.float32).reshape(encoded.batch_size)
 
 
-# Rows per length-sorted group: padding waste against per-call overhead (20 InsuranceQA
-# passages of 60-192 tokens: about a third fewer padded tokens in groups of 8).
-_GROUP_ROWS = 8
+# Rows per length-sorted group: padding waste against per-call overhead. Measured on 20
+# InsuranceQA pairs (joint layers, 1 thread, p50): rows of 1 / 2 / 4 / 8 / 20 took
+# 76 / 75 / 90 / 116 / 244 ms (zh) and 93 / 101 / 112 / - / - ms (en): padding costs far
+# more than a call (README "Cached passage states").
+_GROUP_ROWS = 2
 
 
 def _length_groups(lengths: list[int]) -> list[list[int]]:
@@ -220,5 +249,6 @@ def _length_groups(lengths: list[int]) -> list[list[int]]:
 
 
 def load_cross_encoder(model_dir: Path, threads: int = 1, max_length: int | None = None,
-                       compact_states: bool = False) -> OnnxCrossEncoder:
-    return OnnxCrossEncoder(model_dir, threads=threads, max_length=max_length, compact_states=compact_states)
+                       compact_states: bool = False, parallel: int = 1) -> OnnxCrossEncoder:
+    return OnnxCrossEncoder(model_dir, threads=threads, max_length=max_length, compact_states=compact_states,
+                            parallel=parallel)

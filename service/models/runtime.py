@@ -31,6 +31,17 @@ In = TypeVar("In")
 Out = TypeVar("Out")
 
 
+def confine_numpy_blas() -> None:
+    """One BLAS thread for numpy in this process. OpenBLAS starts a thread per core and
+    keeps them spinning after every matrix product, so a small numpy product on the request
+    path (the compact states' expansion, a kNN scan) left them burning the cores the
+    onnxruntime calls right after it needed: a stored-states rerank ran 52 -> 78 ms after a
+    5 ms expansion (README "Cached passage states"). Process-wide, idempotent."""
+    from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
+
+    threadpool_limits(limits=1, user_api="blas")
+
+
 @dataclass
 class Timing:
     queue_ms: float = 0.0
@@ -312,6 +323,7 @@ class ModelRuntime:
         self.embedder = embedder
         self.reranker = reranker
         self._metrics = metrics
+        confine_numpy_blas()  # the pool's threads are the process's compute threads
         # Query-time model work (query embeddings, rerank) has its own pool, and ingest's
         # passage batches another (``ingest_workers`` threads; 0 = share the query pool, the
         # old behaviour): a query batch never waits in an executor queue behind a passage

@@ -103,10 +103,26 @@ def test_missing_states_fall_back_to_computing_them(tiny_split: OnnxCrossEncoder
     enc = tiny_split.tokenize_with_states(PAIRS, broken)
     assert enc.extra["missing"] == [0, 1]
     np.testing.assert_allclose(tiny_split.infer(enc)[:2], mixed[:2], atol=1e-4)
-    # No states at all: the one-graph path, exactly the plain tokenize.
+    # No states at all: still the two graphs (every passage's states computed), scoring like
+    # the one graph and exactly like a head whose states were all stored.
     none = tiny_split.tokenize_with_states(PAIRS, [None] * len(PAIRS))
-    assert "stored" not in none.extra
-    np.testing.assert_array_equal(tiny_split.infer(none), whole)
+    assert none.extra["missing"] == list(range(len(PAIRS)))
+    computed = tiny_split.infer(none)
+    np.testing.assert_allclose(computed, tiny_split.infer(tiny_split.tokenize_with_states(PAIRS, states)), atol=1e-4)
+    assert list(np.argsort(-computed)) == list(np.argsort(-whole))
+
+
+def test_parallel_groups_change_nothing_but_threads(tmp_path: Path, e5_fp32_dir: Path) -> None:
+    """``parallel`` runs a rerank's length groups on several threads; the groups, and so the
+    logits, are those of the sequential run."""
+    model_dir = build_tiny_split_cross_encoder(tmp_path / "m", e5_fp32_dir / TOKENIZER_FILE)
+    sequential, fanned = OnnxCrossEncoder(model_dir), OnnxCrossEncoder(model_dir, parallel=3)
+    pairs = [(q, p * (1 + i % 4)) for i, (q, p) in enumerate(PAIRS * 4)]  # several groups
+    states = sequential.passage_states([p for _, p in pairs])
+    assert fanned.passage_states([p for _, p in pairs]) == states
+    for given in (states, [None] * len(pairs)):
+        np.testing.assert_array_equal(fanned.infer(fanned.tokenize_with_states(pairs, given)),
+                                      sequential.infer(sequential.tokenize_with_states(pairs, given)))
 
 
 def test_states_key_names_the_lower_graph(tmp_path: Path, e5_fp32_dir: Path) -> None:
@@ -132,17 +148,20 @@ def test_shipped_reranker_cut_matches_the_one_graph(models_dir: Path) -> None:
     assert (model_dir / MODEL_FILE).is_file()
     ce = OnnxCrossEncoder(model_dir)
     # A rerank: one query, its candidates. Cut graphs on exact states = the one graph, up
-    # to float noise (the query's lower layers run once, on a batch of one).
+    # to float noise, pair by pair (so that both see the same batch: the dynamic int8
+    # activation scales are taken over a whole call).
     one_query = [("what is term life insurance", p) for _, p in PAIRS]
     passages = [p for _, p in one_query]
+    for pair in one_query:
+        enc = ce.tokenize_with_states([pair], [None])
+        enc.extra["stored"], enc.extra["missing"] = {0: ce._lower_states(ce._passage_rows([pair[1]]))[0]}, []
+        np.testing.assert_allclose(ce.infer(enc), ce.infer(ce.tokenize([pair])), atol=1e-3)
+    # A whole head in length groups moves logits as much as the one graph's batch company
+    # already does (measured on 600 valid pairs: mean |d| 0.15, max 0.77, signed mean -0.02:
+    # README), and the int8 codec adds little to that (mean 0.05).
     whole = ce.infer(ce.tokenize(one_query))
-    enc = ce.tokenize_with_states(one_query, ce.passage_states(passages))
-    enc.extra["stored"] = dict(enumerate(ce._lower_states(ce._passage_rows(passages))))
-    np.testing.assert_allclose(ce.infer(enc), whole, atol=1e-3)
-    # The int8 codec moves a logit far less than the batch company already does (dynamic
-    # activation quantisation): measured 0.13 vs 0.47 on 20 pairs (README).
     stored = ce.infer(ce.tokenize_with_states(one_query, ce.passage_states(passages)))
-    assert np.abs(stored - whole).max() < 0.25
+    assert np.abs(stored - whole).max() < 0.8
     # Compact (96-dim PCA) states: about a quarter of the bytes; logits move more (measured up to
     # ~1.0, mostly down by ~0.5: README), so they are opt-in and keyed apart.
     compact = OnnxCrossEncoder(model_dir, compact_states=True)
@@ -151,11 +170,10 @@ def test_shipped_reranker_cut_matches_the_one_graph(models_dir: Path) -> None:
     assert all(3.9 * len(a) < len(b) for a, b in zip(small, full))  # 98 vs 386 bytes a token
     assert np.abs(compact.infer(compact.tokenize_with_states(one_query, small)) - whole).max() < 1.5
     # Several queries in one batch: each distinct query's lower layers run once (not once
-    # per pair), so the dynamic int8 activation scales see another batch: float noise only.
-    mixed_whole = ce.infer(ce.tokenize(PAIRS))
-    enc = ce.tokenize_with_states(PAIRS, ce.passage_states([p for _, p in PAIRS]))
-    enc.extra["stored"] = dict(enumerate(ce._lower_states(ce._passage_rows([p for _, p in PAIRS]))))
-    np.testing.assert_allclose(ce.infer(enc), mixed_whole, atol=0.01)
+    # per pair); each pair still scores as it does alone.
+    mixed = ce.infer(ce.tokenize_with_states(PAIRS, ce.passage_states([p for _, p in PAIRS])))
+    alone = np.array([ce.infer(ce.tokenize_with_states([pair], ce.passage_states([pair[1]])))[0] for pair in PAIRS])
+    assert np.abs(mixed - alone).max() < 0.8
 
 
 def test_states_off_means_no_states_key_and_no_states_batcher(tiny_split: OnnxCrossEncoder) -> None:
