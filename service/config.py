@@ -67,9 +67,10 @@ class Config:
     # Negative: the alpha tuned on valid for the model (its gate file), else 1.0.
     rerank_alpha: float = -1.0
     rerank_max_length: int = 256
-    # Threads one rerank's length groups run on at once (a reranker with the two-graph
-    # layout): 2 uses both cores of a quiet 2-core machine for one query (rerank p50 ~0.6x);
-    # under load the pool's workers already share the cores. 1: one thread per rerank.
+    # Threads a rerank's length groups run on (a reranker with the two-graph layout): one
+    # pool of this many threads shared by every rerank, so a lone query on a quiet 2-core
+    # machine uses both cores (rerank p50 ~0.6x) and under load the groups of concurrent
+    # reranks still run on no more threads than this. 1: in the calling pool thread.
     rerank_parallel: int = 2
     # Compute the reranker's passage states at ingest and store them with each chunk, so a
     # rerank runs only the query's lower layers and the joint layers (README "Cached passage

@@ -38,10 +38,11 @@ class OnnxCrossEncoder(CrossEncoderBackend):
 
     def __init__(self, model_dir: Path, threads: int = 1, max_length: int | None = None,
                  compact_states: bool = False, parallel: int = 1) -> None:
-        # The two-graph path runs one call per length group; ``parallel`` > 1 runs a call's
-        # groups on that many threads at once (onnxruntime releases the GIL), so a single
-        # rerank on an idle machine uses every core. The groups, and so the logits, are the
-        # same whatever ``parallel`` is.
+        # The two-graph path runs one call per length group; ``parallel`` > 1 runs them on a
+        # pool of that many threads (onnxruntime releases the GIL), so a single rerank on an
+        # idle machine uses every core, and, the pool being shared by every caller, the groups
+        # of concurrent reranks never run on more threads than that. The groups, and so the
+        # logits, are the same whatever ``parallel`` is.
         self._fanout = (concurrent.futures.ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="rerank-group")
                         if parallel > 1 else None)
         manifest = read_manifest(model_dir, "cross-encoder")
