@@ -165,6 +165,15 @@ class MicroBatcher(Generic[In, Out]):
         except TimeoutError:
             return None
 
+    def _next_queued(self) -> _Request[In, Out] | None:
+        if self._carry is not None:
+            request, self._carry = self._carry, None
+            return request
+        try:
+            return self._queue.get_nowait()
+        except asyncio.QueueEmpty:
+            return None
+
     async def _loop(self) -> None:
         while True:
             await self._slots.acquire()
@@ -172,9 +181,13 @@ class MicroBatcher(Generic[In, Out]):
             assert first is not None
             batch = [first]
             size = len(first.items)
-            until = time.monotonic() + self._max_wait_s
+            # Waiting for company only pays when it shares an inference call. Isolated
+            # requests never do, so they take what is queued already and go: a lone query
+            # embedding or rerank no longer waits out ``max_wait_s`` (README "Performance").
+            wait_s = 0.0 if self._isolate else self._max_wait_s
+            until = time.monotonic() + wait_s
             while size < self._max_batch:
-                nxt = await self._next(max(0.0, until - time.monotonic()))
+                nxt = self._next_queued() if wait_s == 0.0 else await self._next(max(0.0, until - time.monotonic()))
                 if nxt is None:
                     break
                 if size + len(nxt.items) > self._max_batch:

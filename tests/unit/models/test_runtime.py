@@ -201,3 +201,23 @@ def test_runtime_confines_numpy_to_one_blas_thread() -> None:
     threadpool_limits(limits=2, user_api="blas")  # as numpy starts on a multi-core machine
     ModelRuntime(HashEmbedder(), None, workers=1)
     assert {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"} == {1}
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+async def test_only_batches_that_share_a_call_wait_for_company(isolate: bool) -> None:
+    """A batch-invariant model waits up to ``max_wait_s`` for more items to merge into its
+    call; an isolating one (each request its own call) takes what is queued and goes."""
+    import concurrent.futures
+
+    ex = concurrent.futures.ThreadPoolExecutor(2)
+    b: MicroBatcher[int, int] = MicroBatcher("t", lambda items: ([i for i in items], 0.0, 0.0), ex, max_batch=32,
+                                             max_wait_s=0.3, max_queue=100, concurrency=2, isolate_requests=isolate)
+    b.start()
+    deadline = time.monotonic() + 5
+    first = asyncio.ensure_future(b.submit([1], deadline))
+    await asyncio.sleep(0.05)  # well inside max_wait_s
+    second = asyncio.ensure_future(b.submit([2], deadline))
+    assert [r[0] for r in await asyncio.gather(first, second)] == [[1], [2]]
+    assert b.batches_run == (2 if isolate else 1)
+    await b.close()
+    ex.shutdown()
