@@ -121,16 +121,18 @@ class OnnxCrossEncoder(CrossEncoderBackend):
             ids, mask = pad_rows([rows[i] for i in group], self._pad_id)
             return np.asarray(self._lower.run(None, {"input_ids": ids, "attention_mask": mask})[0], dtype=np.float32)
 
-        groups = _length_groups([len(r) for r in rows])
-        for group, states in zip(groups, self._map(run, groups)):
+        for group, states in self._by_length([len(r) for r in rows], run):
             for j, i in enumerate(group):
                 out[i] = states[j, : len(rows[i])]
         return out
 
-    def _map(self, fn: Callable[[list[int]], T], groups: list[list[int]]) -> list[T]:
+    def _by_length(self, lengths: list[int], fn: Callable[[list[int]], T]) -> list[tuple[list[int], T]]:
+        """``fn`` on each length group of the rows (``_length_groups``), on the fan-out pool
+        when there is one: (group, its result) pairs."""
+        groups = _length_groups(lengths)
         if self._fanout is None or len(groups) < 2:
-            return [fn(g) for g in groups]
-        return list(self._fanout.map(fn, groups))
+            return [(g, fn(g)) for g in groups]
+        return list(zip(groups, self._fanout.map(fn, groups)))
 
     def passage_states(self, passages: list[str]) -> list[bytes]:
         if self.states_key is None:
@@ -200,8 +202,7 @@ class OnnxCrossEncoder(CrossEncoderBackend):
                                          "passage_states": px, "passage_mask": pmask})[0]
             return np.asarray(out, dtype=np.float32).reshape(len(group))
 
-        groups = _length_groups([per_row[i].shape[0] for i in range(n)])
-        for group, out in zip(groups, self._map(run, groups)):
+        for group, out in self._by_length([per_row[i].shape[0] for i in range(n)], run):
             logits[group] = out
         return logits
 
