@@ -15,9 +15,10 @@ Two layouts, told apart by the manifest's ``architecture``:
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -63,10 +64,8 @@ class OnnxCrossEncoder(CrossEncoderBackend):
         self._pair_budget = self.max_length - self._tokenizer.num_special_tokens_to_add(True)
         if self._pair_budget - self.max_query_tokens < 1:
             raise ValueError(f"max_length {self.max_length} leaves no room for the passage")
-        self._session = make_session(model_dir / MODEL_FILE, threads)
-        self.batch_invariant = batch_invariant(model_dir / MODEL_FILE)
-        self._inputs = {i.name for i in self._session.get_inputs()}
-        self._output = self._session.get_outputs()[0].name
+        self._one_graph_file, self._threads = model_dir / MODEL_FILE, threads
+        self.batch_invariant = batch_invariant(self._one_graph_file)
         states = manifest.get("states")
         if self.split and isinstance(states, dict):
             self._lower = make_session(model_dir / str(states["lower_file"]), threads)
@@ -79,6 +78,21 @@ class OnnxCrossEncoder(CrossEncoderBackend):
             proj = str(states.get("projection_sha256", ""))[:16] if projection else "none"
             self.states_key = (f"{self.info.model_id}:lower-{str(states['lower_onnx_sha256'])[:16]}"
                                f":proj-{proj}:f{self._codec.fmt}")
+        # The one graph serves every rerank of a model without the two graphs. With them it
+        # only answers ``tokenize`` + ``infer`` called directly (parity checks, the one-graph
+        # baselines), so it loads on first use: a server never holds it (~127 MB resident).
+        self._session: Any = None if self.states_key is not None else make_session(self._one_graph_file, threads)
+        self._session_lock = threading.Lock()
+        # Split graphs take no token types; a joint graph says whether it does.
+        self._token_types = self._session is not None and "token_type_ids" in {
+            i.name for i in self._session.get_inputs()}
+
+    def _one_graph(self) -> Any:
+        if self._session is None:
+            with self._session_lock:
+                if self._session is None:
+                    self._session = make_session(self._one_graph_file, self._threads)
+        return self._session
 
     def _split_init(self, manifest: dict[str, object]) -> None:
         tok = self._tokenizer
@@ -218,7 +232,7 @@ class OnnxCrossEncoder(CrossEncoderBackend):
             p.truncate(self._pair_budget - len(q.ids))
             encodings.append(tok.post_process(q, p, add_special_tokens=True))
         ids, mask, types = pad_batch(encodings, self._pad_id)
-        return Encoded(input_ids=ids, attention_mask=mask, token_type_ids=types if "token_type_ids" in self._inputs else None)
+        return Encoded(input_ids=ids, attention_mask=mask, token_type_ids=types if self._token_types else None)
 
     def infer(self, encoded: Encoded) -> FloatArray:
         if encoded.batch_size == 0:
@@ -228,13 +242,18 @@ class OnnxCrossEncoder(CrossEncoderBackend):
         if self.split:
             feeds = {"query_ids": encoded.extra["query_ids"], "query_mask": encoded.extra["query_mask"],
                      "passage_ids": encoded.input_ids, "passage_mask": encoded.attention_mask}
-            out = self._session.run([self._output], feeds)[0]
+            out = _run_first_output(self._one_graph(), feeds)
             return np.asarray(out, dtype=np.float32).reshape(encoded.batch_size)
         feeds = {"input_ids": encoded.input_ids, "attention_mask": encoded.attention_mask}
         if encoded.token_type_ids is not None:
             feeds["token_type_ids"] = encoded.token_type_ids
-        out = self._session.run([self._output], feeds)[0]
+        out = _run_first_output(self._one_graph(), feeds)
         return np.asarray(out, dtype=np.float32).reshape(encoded.batch_size)
+
+
+def _run_first_output(session: Any, feeds: dict[str, Any]) -> Any:
+    """The graph's first output (the logits), and only that one computed."""
+    return session.run([session.get_outputs()[0].name], feeds)[0]
 
 
 # Rows per length-sorted group: padding waste against per-call overhead. Measured on 20

@@ -112,6 +112,16 @@ def test_missing_states_fall_back_to_computing_them(tiny_split: OnnxCrossEncoder
     assert list(np.argsort(-computed)) == list(np.argsort(-whole))
 
 
+def test_the_one_graph_loads_only_when_called(tmp_path: Path, e5_fp32_dir: Path) -> None:
+    """With the two graphs every rerank takes them, so a server never holds ``model.onnx``
+    (~127 MB resident for the shipped reranker); a direct one-graph call still works."""
+    ce = OnnxCrossEncoder(build_tiny_split_cross_encoder(tmp_path / "m", e5_fp32_dir / TOKENIZER_FILE))
+    ce.infer(ce.tokenize_with_states(PAIRS, [None] * len(PAIRS)))
+    assert ce._session is None
+    assert ce.infer(ce.tokenize(PAIRS)).shape == (len(PAIRS),)
+    assert ce._session is not None
+
+
 def test_parallel_groups_change_nothing_but_threads(tmp_path: Path, e5_fp32_dir: Path) -> None:
     """``parallel`` runs a rerank's length groups on several threads; the groups, and so the
     logits, are those of the sequential run."""
