@@ -4,7 +4,7 @@ one run on the same machine (absolute times drift on a shared machine; ratios do
     RETRIEVAL_MODELS_DIR=... .venv/bin/python tests/bench/bench_rerank_states.py [--docs 200] [--queries 40]
 
 Four in-process servers (embedded engine, real gRPC, e5-small int8 + the shipped split
-reranker) over the same corpus: the baseline, the one graph (``model.onnx``: every pass
+reranker) over the same corpus: the baseline on the one graph (``model.onnx``: every pass
 recomputed in one call, what every rerank ran before the two graphs), then the two graphs
 without stored states (``rerank_states`` off, the default: each rerank computes them), one
 storing full-width states, one compact ones (``rerank_states_compact``): InsuranceQA answers, en and zh (``--docs`` each; the eval extra), else the synthetic
