@@ -109,7 +109,18 @@ class SqliteLedger(Ledger):
     def _open(self) -> None:
         self._path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(self._path, check_same_thread=False, timeout=self._timeout_s, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
+        # Two processes opening a new shared ledger at once: switching the file to WAL takes
+        # an exclusive lock and SQLite can answer "database is locked" at once instead of
+        # calling its busy handler, so retry within the ledger's timeout.
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                break
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.05)
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.executescript(_SCHEMA)
         for table, column, decl in _MIGRATIONS:
