@@ -157,7 +157,7 @@ def build_engine(cfg: Config, dimension: int) -> Engine:
         )
     from service.engines.embedded.engine import EmbeddedEngine
 
-    return EmbeddedEngine(cfg.data_dir / "engine", workers=cfg.engine_workers)
+    return EmbeddedEngine(cfg.data_dir / "engine", workers=cfg.engine_workers, writer_nice=cfg.ingest_nice)
 
 
 def build_ledger(cfg: Config) -> Ledger:
@@ -209,7 +209,8 @@ class App:
             embedder, reranker, workers=cfg.model_workers, max_batch=cfg.max_batch_size,
             max_wait_ms=cfg.max_batch_wait_ms, max_queue=cfg.max_queue, metrics=metrics,
             query_cache_size=cfg.query_cache_size, ingest_workers=cfg.ingest_model_workers,
-            passage_states=cfg.rerank_states,
+            ingest_nice=cfg.ingest_nice, ingest_workers_while_querying=cfg.ingest_workers_while_querying,
+            passage_states=cfg.rerank_states or cfg.rerank_states_write_back, ingest_states=cfg.rerank_states,
         )
         engine = engine or build_engine(cfg, embedder.dimension)
         ledger = build_ledger(cfg)
@@ -231,6 +232,7 @@ class App:
         log.info("app started: engine=%s models=%s", self.engine.name, self.runner.model_ids)
 
     async def close(self) -> None:
+        await self.runner.states_write_back.drain()
         await self.runtime.close()
         await self.engine.close()
         await self.ledger_ops.close()

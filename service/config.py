@@ -38,12 +38,16 @@ class Config:
     max_queue: int = 256  # items waiting per model before RESOURCE_EXHAUSTED
     # Query embeddings kept (LRU, keyed by model hash + normalised query); 0 = off.
     query_cache_size: int = 4096
-    # Threads for ingest's passage embedding in a pool apart from query-time model work;
-    # 0 = share the query pool (the default: on 2 cores a separate pool of 1 or 2 threads
-    # did not lower query p95 during a bulk ingest and cost ingest throughput, see README
-    # "Load testing and the baseline").
-    ingest_model_workers: int = 0
-    engine_workers: int = 1  # embedded engine executor threads
+    # Threads for ingest's model work (passage embeddings, passage states) in a pool apart
+    # from query-time model work; 0 = share the query pool. Ingest's threads (and the
+    # embedded engine's writer) run ingest_nice steps below normal priority, so a bulk
+    # ingest takes only the CPU that queries leave (README "Queries during a bulk ingest").
+    ingest_model_workers: int = 2
+    ingest_nice: int = 19
+    # Of those, how many ingest may use while queries are using the models (and for 50 ms
+    # after the last): on 2 cores a second ingest thread still doubles query p95.
+    ingest_workers_while_querying: int = 1
+    engine_workers: int = 1  # embedded engine executor threads (searches; writes have their own)
     # Request limits.
     max_top_k: int = 50
     default_top_k: int = 10
@@ -78,6 +82,11 @@ class Config:
     # Opt-in: storing them costs a second model pass at ingest (ingest at ~0.6-0.8x) and
     # ~34 KB a chunk (full width).
     rerank_states: bool = False
+    # Write-back: a rerank that computed a head chunk's states stores them (off the request
+    # path), so only chunks that reach a rerank head pay storage and ingest pays nothing;
+    # the first rerank of a chunk computes, the next ones read. Works with or without
+    # rerank_states (README "Cached passage states").
+    rerank_states_write_back: bool = False
     # Store them down-projected (96 PCA dims, ~7.8 KB for an 80-token chunk) instead of full
     # width (int8, ~31 KB): same valid nDCG@10, but logits come out ~0.1 lower than the one
     # graph's, which the shipped quality calibration does not know (README).

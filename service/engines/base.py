@@ -184,3 +184,10 @@ class Engine(abc.ABC):
         (anything else is stale, and the reranker computes the states instead). An engine
         that stores none returns {}."""
         return {}
+
+    async def put_passage_states(self, states: Sequence[tuple[str, str, bytes]], states_key: str) -> int:
+        """Store ``(chunk_id, content_hash, states)`` computed by a rerank for chunks that had
+        none (write-back, ``rerank_states_write_back``), each only where that chunk still
+        exists with that content hash: a chunk re-ingested or deleted since it was reranked
+        keeps what it has. Returns how many were stored; an engine that stores none, 0."""
+        return 0

@@ -56,7 +56,7 @@ class Ingestor:
         )
         texts = [f"{doc.title}\n{p.breadcrumb}\n{p.text}".strip() for p in pieces]
         deadline = time.monotonic() + _EMBED_DEADLINE_S
-        states_key = self.runtime.states_key
+        states_key = self.runtime.states_key if self.runtime.ingest_states else None
         embedding = self.runtime.embed_passages(texts, deadline, batch=self.cfg.embed_batch)
         if states_key is None:
             vectors, _ = await embedding

@@ -127,23 +127,29 @@ class OnnxCrossEncoder(CrossEncoderBackend):
         return [self._assemble(e.ids, self._passage_prefix, self._passage_max) for e in encoded]
 
     def _lower_states(self, rows: list[list[int]]) -> list[np.ndarray]:
-        """The lower layers on token rows -> one [tokens, hidden] float32 array per row, run
-        in length-sorted groups so short passages are not padded to the longest."""
+        """The lower layers on token rows -> one [tokens, hidden] float32 array per row, each
+        row a call of its own: no padding, and (the int8 graph takes its activation scales
+        over a whole call) a passage's states depend on its text alone, never on the rows
+        it happened to be computed with. So states computed at ingest, computed by a rerank
+        and written back, or computed again are the same bytes, and what a rerank reads
+        does not depend on which queries ran before it. Costs nothing measurable against
+        groups of 2 (README "Cached passage states")."""
         out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(rows)
 
         def run(group: list[int]) -> np.ndarray:
             ids, mask = pad_rows([rows[i] for i in group], self._pad_id)
             return np.asarray(self._lower.run(None, {"input_ids": ids, "attention_mask": mask})[0], dtype=np.float32)
 
-        for group, states in self._by_length([len(r) for r in rows], run):
+        for group, states in self._by_length([len(r) for r in rows], run, rows=1):
             for j, i in enumerate(group):
                 out[i] = states[j, : len(rows[i])]
         return out
 
-    def _by_length(self, lengths: list[int], fn: Callable[[list[int]], T]) -> list[tuple[list[int], T]]:
+    def _by_length(self, lengths: list[int], fn: Callable[[list[int]], T],
+                   rows: int | None = None) -> list[tuple[list[int], T]]:
         """``fn`` on each length group of the rows (``_length_groups``), on the fan-out pool
         when there is one: (group, its result) pairs."""
-        groups = _length_groups(lengths)
+        groups = _length_groups(lengths, rows or _GROUP_ROWS)
         if self._fanout is None or len(groups) < 2:
             return [(g, fn(g)) for g in groups]
         return list(zip(groups, self._fanout.map(fn, groups)))
@@ -192,8 +198,9 @@ class OnnxCrossEncoder(CrossEncoderBackend):
         if ex["missing"]:
             # Through the same codec as the stored ones, so a head that mixes stored and
             # computed states ranks them alike (a projection shifts logits).
-            computed = self._codec.decode_many([self._codec.encode(x) for x in self._lower_states(ex["missing_rows"])])
-            per_row.update(zip(ex["missing"], computed))
+            blobs = [self._codec.encode(x) for x in self._lower_states(ex["missing_rows"])]
+            per_row.update(zip(ex["missing"], self._codec.decode_many(blobs)))
+            ex["computed_states"] = dict(zip(ex["missing"], blobs))  # for a write-back
         hidden = q_states[0].shape[1]
 
         def stack(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -263,10 +270,10 @@ def _run_first_output(session: Any, feeds: dict[str, Any]) -> Any:
 _GROUP_ROWS = 2
 
 
-def _length_groups(lengths: list[int]) -> list[list[int]]:
-    """Row indices sorted by length, cut into groups of ``_GROUP_ROWS``."""
+def _length_groups(lengths: list[int], rows: int = _GROUP_ROWS) -> list[list[int]]:
+    """Row indices sorted by length, cut into groups of ``rows``."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    return [order[k : k + _GROUP_ROWS] for k in range(0, len(order), _GROUP_ROWS)]
+    return [order[k : k + rows] for k in range(0, len(order), rows)]
 
 
 def load_cross_encoder(model_dir: Path, threads: int = 1, max_length: int | None = None,

@@ -22,7 +22,9 @@ import numpy as np
 
 from service.errors import DeadlineExceeded, Overloaded
 from service.models.base import CrossEncoderBackend, EmbeddingBackend, FloatArray, ModelInfo
+from service.models.foreground import ForegroundGate
 from service.models.query_cache import QueryEmbeddingCache
+from service.threads import background_pool
 
 if TYPE_CHECKING:
     from service.observability.metrics import ServiceMetrics
@@ -85,8 +87,11 @@ class MicroBatcher(Generic[In, Out]):
         concurrency: int,
         metrics: ServiceMetrics | None = None,
         isolate_requests: bool = False,
+        gate: ForegroundGate | None = None,
     ) -> None:
         self.name = name
+        # Background (ingest) batchers: each executor hop takes one of the gate's slots.
+        self._gate = gate
         # True for a model whose outputs depend on batch composition: the batch still takes
         # one executor hop, but each request's items run as their own inference call, so
         # an answer never depends on which other requests happened to be in flight.
@@ -238,9 +243,11 @@ class MicroBatcher(Generic[In, Out]):
                     tok_s, inf_s = tok_s + t, inf_s + i
                 return admitted, outputs, started, tok_s, inf_s
 
-            admitted, outputs, started, tok_s, inf_s = await loop.run_in_executor(
-                self._executor, work
-            )
+            if self._gate is None:
+                admitted, outputs, started, tok_s, inf_s = await loop.run_in_executor(self._executor, work)
+            else:
+                async with self._gate.background():
+                    admitted, outputs, started, tok_s, inf_s = await loop.run_in_executor(self._executor, work)
             self.batches_run += 1
             offset = 0
             n = sum(len(r.items) for r in admitted)
@@ -295,14 +302,20 @@ def _timed_embed(
 RerankItem = tuple[str, str, bytes | None]
 
 
-def _timed_rerank(backend: CrossEncoderBackend) -> BatchFn[RerankItem, float]:
-    def run(items: list[RerankItem]) -> tuple[list[float], float, float]:
+# A rerank result: the logit, and the passage states the call computed (None: it had them,
+# or the model keeps none), which the caller may write back.
+RerankOut = tuple[float, bytes | None]
+
+
+def _timed_rerank(backend: CrossEncoderBackend) -> BatchFn[RerankItem, RerankOut]:
+    def run(items: list[RerankItem]) -> tuple[list[RerankOut], float, float]:
         t0 = time.perf_counter()
         encoded = backend.tokenize_with_states([(q, p) for q, p, _ in items], [s for _, _, s in items])
         t1 = time.perf_counter()
         logits = backend.infer(encoded)
         t2 = time.perf_counter()
-        return [float(x) for x in np.asarray(logits).reshape(-1)], t1 - t0, t2 - t1
+        computed: dict[int, bytes] = encoded.extra.get("computed_states", {})
+        return [(float(x), computed.get(i)) for i, x in enumerate(np.asarray(logits).reshape(-1))], t1 - t0, t2 - t1
 
     return run
 
@@ -331,22 +344,29 @@ class ModelRuntime:
         metrics: ServiceMetrics | None = None,
         query_cache_size: int = 0,
         ingest_workers: int = 0,
+        ingest_nice: int = 0,
+        ingest_workers_while_querying: int = 1,
         passage_states: bool = True,
+        ingest_states: bool | None = None,
     ) -> None:
         self.embedder = embedder
         self.reranker = reranker
         self._metrics = metrics
         confine_numpy_blas()  # the pool's threads are the process's compute threads
         # Query-time model work (query embeddings, rerank) has its own pool, and ingest's
-        # passage batches another (``ingest_workers`` threads; 0 = share the query pool, the
-        # old behaviour): a query batch never waits in an executor queue behind a passage
-        # batch, whatever an ingest is doing. The OS still shares the cores between them.
+        # passage batches another (``ingest_workers`` threads; 0 = share the query pool): a
+        # query batch never waits in an executor queue behind a passage batch, and the
+        # ingest threads run ``ingest_nice`` steps below normal priority, so when both want
+        # the cores the scheduler gives them to queries (service/threads.py).
         self.executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=workers, thread_name_prefix="model"
         )
-        self.ingest_executor = self.executor if ingest_workers <= 0 else concurrent.futures.ThreadPoolExecutor(
-            max_workers=ingest_workers, thread_name_prefix="ingest-model")
+        self.ingest_executor = self.executor if ingest_workers <= 0 else background_pool(
+            ingest_workers, "ingest-model", ingest_nice)
         self.query_cache = QueryEmbeddingCache(query_cache_size, embedder.info.sha256)
+        # Ingest batches run on every ingest thread only while no query needs the models.
+        ingest_threads = ingest_workers or workers
+        self.foreground = ForegroundGate(ingest_threads, ingest_workers_while_querying)
         common = dict(max_wait_s=max_wait_ms / 1000, max_queue=max_queue, concurrency=workers, metrics=metrics)
         self._queries: MicroBatcher[str, FloatArray] = MicroBatcher(
             "embed-query", _timed_embed(embedder, "query"), self.executor,
@@ -354,25 +374,30 @@ class ModelRuntime:
         )
         self._passages: MicroBatcher[str, FloatArray] = MicroBatcher(
             "embed-passage", _timed_embed(embedder, "passage"), self.ingest_executor,
-            max_batch=max_batch, isolate_requests=not embedder.batch_invariant, **{**common, "concurrency": ingest_workers or workers},  # type: ignore[arg-type]
+            max_batch=max_batch, isolate_requests=not embedder.batch_invariant, gate=self.foreground,
+            **{**common, "concurrency": ingest_threads},  # type: ignore[arg-type]
         )
-        self._rerank: MicroBatcher[RerankItem, float] | None = None
+        self._rerank: MicroBatcher[RerankItem, RerankOut] | None = None
         self._states: MicroBatcher[str, bytes] | None = None
         if reranker is not None:
             self._rerank = MicroBatcher(
                 "rerank", _timed_rerank(reranker), self.executor,
                 max_batch=max(max_batch, 32), isolate_requests=not reranker.batch_invariant, **common,  # type: ignore[arg-type]
             )
-        # ``passage_states`` off: no states are computed at ingest or read at rerank (the
-        # one graph runs, as the shipped calibration was fitted on); ``states_key`` is None.
+        # ``passage_states`` off: no states are stored or read (every rerank computes them);
+        # ``states_key`` is None. On: reranks read stored states, and ingest computes them
+        # too unless ``ingest_states`` is False (write-back only: reranks store what they
+        # computed, README "Cached passage states").
         self._states_key = reranker.states_key if reranker is not None and passage_states else None
+        self.ingest_states = self._states_key is not None and ingest_states is not False
         if reranker is not None and self._states_key is not None:
             # Ingest-time work: the ingest pool, like passage embeddings.
             self._states = MicroBatcher(
                 "rerank-states", _timed_states(reranker), self.ingest_executor,
-                max_batch=max_batch, isolate_requests=not reranker.batch_invariant, **{**common, "concurrency": ingest_workers or workers},  # type: ignore[arg-type]
+                max_batch=max_batch, isolate_requests=not reranker.batch_invariant, gate=self.foreground,
+                **{**common, "concurrency": ingest_threads},  # type: ignore[arg-type]
             )
-        self._batchers: list[MicroBatcher[str, FloatArray] | MicroBatcher[RerankItem, float]
+        self._batchers: list[MicroBatcher[str, FloatArray] | MicroBatcher[RerankItem, RerankOut]
                              | MicroBatcher[str, bytes]] = [self._queries, self._passages] + [
             b for b in (self._rerank, self._states) if b is not None]
 
@@ -410,8 +435,10 @@ class ModelRuntime:
         if self._metrics is not None and self.query_cache.size:
             self._metrics.query_cache.labels("hit" if cached is not None else "miss").inc()
         if cached is not None:
+            self.foreground.touch()
             return cached, Timing()
-        vectors, timing = await self._queries.submit([text], deadline)
+        with self.foreground.foreground():
+            vectors, timing = await self._queries.submit([text], deadline)
         self.query_cache.put(text, vectors[0])
         return vectors[0], timing
 
@@ -448,13 +475,18 @@ class ModelRuntime:
 
     async def rerank(
         self, query: str, passages: Sequence[str], deadline: float,
-        states: Sequence[bytes | None] | None = None,
+        states: Sequence[bytes | None] | None = None, computed: dict[int, bytes] | None = None,
     ) -> tuple[list[float], Timing]:
         """Logits for ``passages``; ``states`` (row-aligned, None = compute) are stored
-        passage states for ``states_key``."""
+        passage states for ``states_key``. ``computed``, when given, receives by row the
+        states this call computed for passages that had none (for a write-back)."""
         if self._rerank is None:
             raise RuntimeError("no reranker configured")
         row_states = list(states) if states is not None else [None] * len(passages)
         if len(row_states) != len(passages):
             raise ValueError("one states entry per passage")
-        return await self._rerank.submit([(query, p, s) for p, s in zip(passages, row_states)], deadline)
+        with self.foreground.foreground():
+            out, timing = await self._rerank.submit([(query, p, s) for p, s in zip(passages, row_states)], deadline)
+        if computed is not None:
+            computed.update((i, blob) for i, (_, blob) in enumerate(out) if blob is not None)
+        return [logit for logit, _ in out], timing

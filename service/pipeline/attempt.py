@@ -61,7 +61,7 @@ from service.pipeline.fusion import (
 from service.pipeline.context_budget import apply_plan_budget
 from service.pipeline.legs import LegRun as _LegRun
 from service.pipeline.plan_execution import faq_direct_answer, rerank_query, search_planned
-from service.pipeline.rerank_states import stored_states
+from service.pipeline.rerank_states import StatesWriteBack, stored_states
 from service.pipeline.postprocess import admissible, apply_context_budget, dedupe
 from service.pipeline.quality import QualityModel
 from service.pipeline.recording import entry_for, reserve
@@ -181,6 +181,7 @@ class AttemptRunner:
         self.writer = writer or AttemptWriter(ledger)
         self.rerank_alpha = rerank_alpha
         self.rerank_unavailable = rerank_unavailable or "no reranker model configured"
+        self.states_write_back = StatesWriteBack(engine, runtime.states_key, cfg.rerank_states_write_back)
 
     @property
     def model_ids(self) -> list[str]:
@@ -493,9 +494,12 @@ class AttemptRunner:
                 raise DeadlineExceeded("no time left for reranking")
             passages = [rerank_passage_text(c.chunk.title, c.chunk.text) for c in head]
             states = await stored_states(self.engine, self.runtime.states_key, head, left)
+            computed: dict[int, bytes] = {}
             scores, timing = await asyncio.wait_for(
-                self.runtime.rerank(query or req.query, passages, t0 + left, states), t0 + left - time.monotonic()
+                self.runtime.rerank(query or req.query, passages, t0 + left, states, computed),
+                t0 + left - time.monotonic(),
             )
+            self.states_write_back.offer(head, computed)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:

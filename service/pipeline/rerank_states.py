@@ -30,3 +30,49 @@ async def stored_states(engine: Engine, states_key: str | None, head: Sequence[C
         log.warning("passage states not read (%s); the reranker computes them", exc)
         return [None] * len(head)
     return [found.get(c.chunk.chunk_id) for c in head]
+
+
+class StatesWriteBack:
+    """Write-back (``rerank_states_write_back``): the states a rerank computed for head
+    chunks that had none are stored, off the request path, so the next rerank of a hot chunk
+    reads them instead. Best effort and bounded: at most ``max_pending`` writes in flight
+    (past that a rerank's states are not kept; a later rerank offers them again), a chunk
+    already being written is skipped, and a failed write only means computing next time. The
+    engine stores them only onto the chunk version they were computed for."""
+
+    def __init__(self, engine: Engine, states_key: str | None, enabled: bool, max_pending: int = 8) -> None:
+        self.engine = engine
+        self.states_key = states_key if enabled else None
+        self.max_pending = max_pending
+        self._pending: set[asyncio.Task[None]] = set()
+        self._writing: set[str] = set()
+        self.written = 0
+        self.skipped = 0
+
+    def offer(self, head: Sequence[Candidate], computed: dict[int, bytes]) -> None:
+        if self.states_key is None or not computed:
+            return
+        items = [(head[i].chunk.chunk_id, head[i].chunk.content_hash, blob) for i, blob in sorted(computed.items())
+                 if head[i].chunk.chunk_id not in self._writing]
+        if not items:
+            return
+        if len(self._pending) >= self.max_pending:
+            self.skipped += len(items)
+            return
+        self._writing.update(cid for cid, _, _ in items)
+        task = asyncio.get_running_loop().create_task(self._write(items, self.states_key), name="states-write-back")
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _write(self, items: list[tuple[str, str, bytes]], states_key: str) -> None:
+        try:
+            self.written += await self.engine.put_passage_states(items, states_key)
+        except EngineError as exc:
+            log.warning("passage states not written back (%s); reranks compute them", exc)
+        finally:
+            self._writing.difference_update(cid for cid, _, _ in items)
+
+    async def drain(self) -> None:
+        """Wait for the writes in flight (shutdown, before the engine closes; tests)."""
+        while self._pending:
+            await asyncio.gather(*list(self._pending), return_exceptions=True)

@@ -84,3 +84,46 @@ async def test_states_survive_a_restart(start_server: StartServer, reranker: Onn
         assert await _stored(again, reranker.states_key) == before
     finally:
         await again.close()
+
+
+async def _stored_anywhere(engine: Engine, key: str) -> int:
+    """Stored states over every chunk of the demo corpus (not only those a BM25 query finds)."""
+    from service.demo.corpus import DEMO_DOCUMENTS
+    from service.engines.base import make_chunk_id
+
+    ids = [make_chunk_id(d["source_id"], i, d["version"]) for d in DEMO_DOCUMENTS for i in range(64)]
+    chunks = await engine.get_chunks(ids)
+    return len(await engine.passage_states([(c.chunk_id, c.content_hash) for c in chunks], key))
+
+
+async def test_write_back_stores_what_a_rerank_computed(start_server: StartServer, reranker: OnnxCrossEncoder,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Write-back only: ingest stores nothing; the first rerank of a query computes its
+    head's states and stores them; the same query again reads them (nothing left to
+    compute) and ranks the same items within the model's noise."""
+    assert reranker.states_key is not None
+    live = await start_server(reranker=reranker, rerank_states=False, rerank_states_write_back=True)
+    engine, runner = live.app.engine, live.app.runner
+    assert await _stored_anywhere(engine, reranker.states_key) == 0, "ingest computes no states in write-back mode"
+    ask = dict(top_k=8, options=retrieval_pb2.RetrievalOptions(min_quality=1e-9))
+    first = evidence_of(await live.retrieve(query=QUERIES[0], **ask))  # type: ignore[arg-type]
+    await runner.states_write_back.drain()
+    stored = await _stored_anywhere(engine, reranker.states_key)
+    assert 0 < stored <= live.app.cfg.rerank_top_n and runner.states_write_back.written == stored
+
+    seen: list[int] = []
+    original = runner.runtime.rerank
+
+    async def counting(query, passages, deadline, states=None, computed=None):  # type: ignore[no-untyped-def]
+        seen.append(sum(s is None for s in states or []))
+        return await original(query, passages, deadline, states, computed)
+
+    monkeypatch.setattr(runner.runtime, "rerank", counting)
+    again = evidence_of(await live.retrieve(query=QUERIES[0], **ask))  # type: ignore[arg-type]
+    assert seen == [0], "the second rerank of the same head reads every passage's states"
+    score = {e.evidence_id: e.rerank_score for e in first}
+    assert {e.evidence_id for e in again} == set(score)
+    for e in again:
+        assert abs(e.rerank_score - score[e.evidence_id]) < NOISE
+    await runner.states_write_back.drain()
+    assert runner.states_write_back.written == stored, "nothing new was computed, so nothing written"

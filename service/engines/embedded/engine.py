@@ -8,7 +8,8 @@ OpenSearch would. After ``close()`` every call raises ``EngineUnavailable``.
 
 Locking: ``_write_lock`` serialises writers (SQLite then memory); ``_index_lock`` guards the
 in-memory index, held by a writer only for the final swap, so searches never observe a
-half-replaced document.
+half-replaced document. Writes run on a writer thread of their own (``writer_nice`` steps
+below normal priority), so a search never queues behind an ingest's analysis and commit.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from service.engines.embedded.analyzer import analyze
 from service.engines.embedded.knn import similarity
 from service.engines.embedded.memory import MemoryIndex
 from service.engines.embedded.store import SqliteStore
+from service.threads import background_pool
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +63,13 @@ class _State(enum.Enum):
 class EmbeddedEngine(Engine):
     name = "embedded"
 
-    def __init__(self, data_dir: Path, workers: int = 1) -> None:
+    def __init__(self, data_dir: Path, workers: int = 1, writer_nice: int = 0) -> None:
         self._data_dir = Path(data_dir)
         # Public so tests can saturate the pool and observe a real EngineTimeout.
         self.workers = workers
         self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="embedded")
+        # Writes (ingest, deletes) apart from searches: one thread, as writers serialise anyway.
+        self.writer = background_pool(1, "embedded-writer", writer_nice)
         self._index = MemoryIndex()
         self._index_lock = threading.Lock()
         self._write_lock = threading.Lock()
@@ -90,10 +94,12 @@ class EmbeddedEngine(Engine):
 
         return run
 
-    async def _call(self, fn: Callable[[], T], timeout_s: float | None = None) -> T:
+    async def _call(
+        self, fn: Callable[[], T], timeout_s: float | None = None, pool: ThreadPoolExecutor | None = None
+    ) -> T:
         self._check_open()
         try:
-            future = asyncio.wrap_future(self.executor.submit(self._guarded(fn)))
+            future = asyncio.wrap_future((pool or self.executor).submit(self._guarded(fn)))
         except RuntimeError as exc:  # pool already shut down
             raise EngineUnavailable("embedded engine is closed") from exc
         if timeout_s is None:
@@ -138,11 +144,13 @@ class EmbeddedEngine(Engine):
                 with self._write_lock:  # let an in-flight write finish its transaction
                     store.close()
 
-            closing = asyncio.wrap_future(self.executor.submit(close_store))
+            closing = asyncio.wrap_future(self.writer.submit(close_store))
             self.executor.shutdown(wait=False)
+            self.writer.shutdown(wait=False)
             await closing
         else:
             self.executor.shutdown(wait=False)
+            self.writer.shutdown(wait=False)
 
     async def ready(self) -> bool:
         return self._state is _State.READY
@@ -207,7 +215,20 @@ class EmbeddedEngine(Engine):
                     self._index.add_document(key, content_hash, analysed)
             return WriteReport(written=len(chunks))
 
-        return await self._call(work)
+        return await self._call(work, pool=self.writer)
+
+    async def put_passage_states(self, states: Sequence[tuple[str, str, bytes]], states_key: str) -> int:
+        items = list(states)
+        if not items:
+            return 0
+
+        def work() -> int:
+            with self._write_lock:
+                self._check_open()
+                assert self._store is not None
+                return self._store.put_passage_states(items, states_key)
+
+        return await self._call(work, pool=self.writer)
 
     async def delete_document(self, source_id: str, version: str | None = None) -> int:
         def work() -> int:
@@ -223,7 +244,7 @@ class EmbeddedEngine(Engine):
                     )
                     return sum(self._index.delete_document(key) for key in keys)
 
-        return await self._call(work)
+        return await self._call(work, pool=self.writer)
 
     async def refresh(self) -> None:
         """Writes are visible as soon as they are acknowledged; this only checks liveness."""

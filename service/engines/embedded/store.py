@@ -129,6 +129,20 @@ class SqliteStore:
                  for c in chunks if c.rerank_states is not None],
             )
 
+    def put_passage_states(self, states: Sequence[tuple[str, str, bytes]], states_key: str) -> int:
+        """Write-back of rerank-computed states, only onto a chunk stored with that content
+        hash (one transaction; a stale entry writes nothing)."""
+        written = 0
+        with self._db:
+            for chunk_id, content_hash, blob in states:
+                cur = self._db.execute(
+                    "INSERT OR REPLACE INTO passage_states (chunk_id, source_id, version, content_hash, states_key, states) "
+                    "SELECT chunk_id, source_id, version, content_hash, ?, ? FROM chunks WHERE chunk_id = ? AND content_hash = ?",
+                    (states_key, blob, chunk_id, content_hash),
+                )
+                written += max(0, cur.rowcount)
+        return written
+
     def delete_document(self, source_id: str, version: str | None) -> None:
         with self._db:
             self._delete(source_id, version)

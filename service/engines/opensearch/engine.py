@@ -23,6 +23,7 @@ recovers when the node comes back.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import time
 from collections.abc import Awaitable, Sequence
@@ -557,6 +558,28 @@ class OpenSearchEngine(Engine):
             self.request_timeout_s + 0.5,
         )
         return mapping.states_from_docs(resp.get("docs", []), wanted, states_key)
+
+    async def put_passage_states(self, states: Sequence[tuple[str, str, bytes]], states_key: str) -> int:
+        """One bulk of scripted partial updates, each a no-op unless the chunk still has that
+        content hash (a missing chunk answers 404: nothing is created). Costs a reindex of
+        each chunk's document inside OpenSearch (an update rewrites the whole document), so
+        on this engine states computed at ingest are the cheaper way to keep them."""
+        items = list(states)
+        if not items:
+            return 0
+        await self._ensure_index()
+        lines: list[JSON] = []
+        for chunk_id, content_hash, blob in items:
+            lines.append({"update": {"_index": self.alias, "_id": chunk_id}})
+            lines.append({"script": {"lang": "painless", "source": mapping.PUT_STATES_SCRIPT, "params": {
+                "content_hash": content_hash, "key": states_key,
+                "states": base64.b64encode(blob).decode("ascii")}}})
+        resp = await self._request(
+            self._client.bulk(body=lines, params={"refresh": "false"}, request_timeout=self.request_timeout_s),
+            "bulk", self.request_timeout_s + 0.5,
+        )
+        return sum(1 for item in resp.get("items", [])
+                   if next(iter(item.values())).get("result") == "updated")
 
     async def stats(self) -> EngineStats:
         """Counts of searchable chunks and documents (exact: composite aggregation pages)."""

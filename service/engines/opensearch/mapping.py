@@ -60,6 +60,13 @@ STATES_PROPERTIES: JSON = {
     "rerank_states_key": {"type": "keyword", "index": False, "doc_values": False},
 }
 STATES_SOURCE_INCLUDES = "content_hash,rerank_states,rerank_states_key"
+# Write-back of rerank-computed states (``put_passage_states``): only onto the chunk version
+# they were computed for; anything else is left untouched (``noop``).
+PUT_STATES_SCRIPT = (
+    "if (ctx._source.content_hash == params.content_hash) {"
+    " ctx._source.rerank_states = params.states; ctx._source.rerank_states_key = params.key;"
+    " } else { ctx.op = 'noop'; }"
+)
 
 
 def alias_name(prefix: str) -> str:

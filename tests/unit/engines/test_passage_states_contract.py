@@ -82,3 +82,32 @@ async def test_states_survive_a_restart(engine_kit: EngineKit) -> None:
     await put(engine_kit.engine, a)
     engine: Engine = await engine_kit.reopen()
     assert await engine.passage_states([ref(a)], KEY) == {a.chunk_id: a.rerank_states}
+
+
+async def test_write_back_lands_only_on_the_chunk_version_it_was_computed_for(engine_kit: EngineKit) -> None:
+    engine = engine_kit.engine
+    a = chunk("S1", 0, "alpha policy", content_hash="h1")  # ingested without states
+    b = chunk("S1", 1, "beta policy", content_hash="h1")
+    await put(engine, a, b)
+    written = await engine.put_passage_states(
+        [(a.chunk_id, "h1", b"computed a"), (b.chunk_id, "stale-hash", b"computed b"),
+         ("missing#0@v1", "h1", b"nowhere")], KEY)
+    assert written == 1
+    assert await engine.passage_states([ref(a), ref(b)], KEY) == {a.chunk_id: b"computed a"}
+    assert await engine.passage_states([ref(a)], "reranker-b:lower-9999:f1") == {}
+    assert await engine.put_passage_states([], KEY) == 0
+    # The write-back never creates a chunk, and a re-ingest of changed content drops it.
+    assert [c.chunk_id for c in await engine.get_chunks([a.chunk_id, "missing#0@v1"])] == [a.chunk_id]
+    changed = chunk("S1", 0, "alpha policy changed", content_hash="h2")
+    await put(engine, changed)
+    assert await engine.passage_states([ref(changed)], KEY) == {}
+    # The chunk itself is unchanged by the write-back: still found, still without states in hits.
+    await put(engine, a, b)
+    await engine.put_passage_states([(a.chunk_id, "h1", b"again")], KEY)
+    await engine.refresh()
+    hits = (await engine.bm25("alpha", 5, ALL, T)).hits
+    assert [h.chunk.chunk_id for h in hits] == [a.chunk_id] and hits[0].chunk.rerank_states is None
+    assert await engine.passage_states([ref(a)], KEY) == {a.chunk_id: b"again"}
+    if engine_kit.reopen is not None:
+        reopened: Engine = await engine_kit.reopen()
+        assert await reopened.passage_states([ref(a)], KEY) == {a.chunk_id: b"again"}

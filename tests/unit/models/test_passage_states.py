@@ -196,3 +196,19 @@ def test_states_off_means_no_states_key_and_no_states_batcher(tiny_split: OnnxCr
     on = ModelRuntime(HashEmbedder(), tiny_split, workers=1)
     assert off.states_key is None and off._states is None
     assert on.states_key == tiny_split.states_key and on._states is not None
+
+
+def test_passage_states_depend_on_the_passage_alone(models_dir: Path) -> None:
+    """The int8 lower graph takes activation scales over a whole call, so states computed
+    with company would differ from states computed alone. Each passage is its own call:
+    at ingest (one document's chunks), inside a rerank (its head, written back) and alone,
+    a passage's states are the same bytes, so a rerank over written-back states does not
+    depend on which queries ran before it."""
+    ce = OnnxCrossEncoder(models_dir / "e5-small-split-reranker-int8", parallel=2)
+    passages = [p for _, p in PAIRS]
+    alone = [ce.passage_states([p])[0] for p in passages]
+    assert ce.passage_states(passages) == alone
+    assert ce.passage_states(list(reversed(passages))) == list(reversed(alone))
+    enc = ce.tokenize_with_states([("what is term life insurance", p) for p in passages], [None] * len(passages))
+    ce.infer(enc)
+    assert enc.extra["computed_states"] == dict(enumerate(alone))

@@ -101,3 +101,37 @@ async def test_work_runs_on_the_engine_pool(tmp_path: Path) -> None:
         assert names and names[0].startswith("embedded")
     finally:
         await engine.close()
+
+
+async def test_a_search_does_not_queue_behind_a_write(tmp_path: Path) -> None:
+    """One search thread (the default) and a write stuck in its commit: the search still
+    answers, because writes have a thread of their own, at background priority."""
+    from service.threads import thread_nice
+
+    engine = EmbeddedEngine(tmp_path, workers=1, writer_nice=3)
+    await engine.start()
+    try:
+        await engine.replace_document("E1", "v1", [chunk("E1", 0, "policy renewal")])
+        assert engine._store is not None
+        store = engine._store
+        entered, release = threading.Event(), threading.Event()
+        writer_nice: list[int] = []
+        original = store.replace_document
+
+        def stuck(*args, **kwargs):  # type: ignore[no-untyped-def]
+            writer_nice.append(thread_nice(threading.get_native_id()))
+            entered.set()
+            release.wait(10)
+            return original(*args, **kwargs)
+
+        store.replace_document = stuck  # type: ignore[method-assign]
+        write = asyncio.ensure_future(engine.replace_document("E2", "v1", [chunk("E2", 0, "policy claim")]))
+        assert await asyncio.to_thread(entered.wait, 10)
+        hits = (await engine.bm25("policy", 10, ALL, 5.0)).hits
+        assert [h.chunk.chunk_id for h in hits] == ["E1#0@v1"] and not write.done()
+        release.set()
+        assert (await write).written == 1
+        assert writer_nice == [min(19, thread_nice(threading.get_native_id()) + 3)]
+        assert len((await engine.bm25("policy", 10, ALL, 5.0)).hits) == 2
+    finally:
+        await engine.close()
