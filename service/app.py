@@ -210,7 +210,7 @@ class App:
             max_wait_ms=cfg.max_batch_wait_ms, max_queue=cfg.max_queue, metrics=metrics,
             query_cache_size=cfg.query_cache_size, ingest_workers=cfg.ingest_model_workers,
             ingest_nice=cfg.ingest_nice, ingest_workers_while_querying=cfg.ingest_workers_while_querying,
-            passage_states=cfg.rerank_states or cfg.rerank_states_write_back, ingest_states=cfg.rerank_states,
+            passage_states=cfg.rerank_states or cfg.states_write_back, ingest_states=cfg.rerank_states,
         )
         engine = engine or build_engine(cfg, embedder.dimension)
         ledger = build_ledger(cfg)

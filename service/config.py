@@ -84,9 +84,10 @@ class Config:
     rerank_states: bool = False
     # Write-back: a rerank that computed a head chunk's states stores them (off the request
     # path), so only chunks that reach a rerank head pay storage and ingest pays nothing;
-    # the first rerank of a chunk computes, the next ones read. Works with or without
-    # rerank_states (README "Cached passage states").
-    rerank_states_write_back: bool = False
+    # the first rerank of a chunk computes, the next ones read the same bytes (so no answer
+    # changes). "auto": on with the embedded engine, off with OpenSearch (where each
+    # write-back rewrites the chunk's document); true / false. README "Cached passage states".
+    rerank_states_write_back: str = "auto"
     # Store them down-projected (96 PCA dims, ~7.8 KB for an 80-token chunk) instead of full
     # width (int8, ~31 KB): same valid nDCG@10, but logits come out ~0.1 lower than the one
     # graph's, which the shipped quality calibration does not know (README).
@@ -165,6 +166,18 @@ class Config:
     @property
     def engine_kind(self) -> str:
         return "opensearch" if self.opensearch_url else "embedded"
+
+    @property
+    def states_write_back(self) -> bool:
+        """``rerank_states_write_back`` resolved: auto = the embedded engine only."""
+        value = str(self.rerank_states_write_back).strip().lower()
+        if value == "auto":
+            return self.engine_kind == "embedded"
+        if value in {"1", "true", "yes", "on"}:
+            return True
+        if value in {"0", "false", "no", "off", ""}:
+            return False
+        raise ValueError(f"rerank_states_write_back must be auto, true or false, not {self.rerank_states_write_back!r}")
 
 
 def _coerce(value: Any, current: Any) -> Any:
