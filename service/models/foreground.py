@@ -13,21 +13,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
 _POLL_S = 0.002  # how often a held-back ingest batch looks again
 
 
 class ForegroundGate:
-    def __init__(self, idle_workers: int, busy_workers: int, linger_s: float = 0.05) -> None:
+    def __init__(self, idle_workers: int, busy_workers: int, linger_s: float = 0.05,
+                 on_held_back: Callable[[float], None] | None = None) -> None:
         self.idle_workers = max(1, idle_workers)
         self.busy_workers = max(1, min(busy_workers, self.idle_workers))
         self.linger_s = linger_s
         self._active = 0
         self._last = -float("inf")
         self._background = 0
-        self.held_back_s = 0.0  # total time ingest batches waited for a slot (metrics, tests)
+        self.held_back_s = 0.0  # total time ingest batches waited for a slot (tests)
+        self._on_held_back = on_held_back  # the metric
 
     def busy(self) -> bool:
         return self._active > 0 or time.monotonic() - self._last < self.linger_s
@@ -58,7 +60,10 @@ class ForegroundGate:
             started = time.monotonic()
             while self._background >= self.allowed():
                 await asyncio.sleep(_POLL_S)
-            self.held_back_s += time.monotonic() - started
+            waited = time.monotonic() - started
+            self.held_back_s += waited
+            if self._on_held_back is not None:
+                self._on_held_back(waited)
         self._background += 1
         try:
             yield

@@ -366,7 +366,8 @@ class ModelRuntime:
         self.query_cache = QueryEmbeddingCache(query_cache_size, embedder.info.sha256)
         # Ingest batches run on every ingest thread only while no query needs the models.
         ingest_threads = ingest_workers or workers
-        self.foreground = ForegroundGate(ingest_threads, ingest_workers_while_querying)
+        self.foreground = ForegroundGate(ingest_threads, ingest_workers_while_querying, on_held_back=(
+            metrics.ingest_held_back.inc if metrics is not None else None))
         common = dict(max_wait_s=max_wait_ms / 1000, max_queue=max_queue, concurrency=workers, metrics=metrics)
         self._queries: MicroBatcher[str, FloatArray] = MicroBatcher(
             "embed-query", _timed_embed(embedder, "query"), self.executor,

@@ -80,6 +80,13 @@ class ServiceMetrics:
         self.ingest_errors = Counter(
             "retrieval_ingest_errors", "Documents Ingest could not index, by reason (invalid, failed)",
             ["reason"], registry=r)
+        self.states_write_back = Counter(
+            "retrieval_passage_states_write_back",
+            "Passage states reranks computed and offered for storage, by result (written; stale: the chunk "
+            "changed or went; skipped: too many writes in flight; failed)", ["result"], registry=r)
+        self.ingest_held_back = Counter(
+            "retrieval_ingest_held_back_seconds", "Time ingest model batches waited because queries were using the models",
+            registry=r)
         self._server: object | None = None
         self._lag_task: asyncio.Task[None] | None = None
 

@@ -181,7 +181,8 @@ class AttemptRunner:
         self.writer = writer or AttemptWriter(ledger)
         self.rerank_alpha = rerank_alpha
         self.rerank_unavailable = rerank_unavailable or "no reranker model configured"
-        self.states_write_back = StatesWriteBack(engine, runtime.states_key, cfg.states_write_back)
+        self.states_write_back = StatesWriteBack(engine, runtime.states_key, cfg.states_write_back,
+                                                 metrics=metrics)
 
     @property
     def model_ids(self) -> list[str]:

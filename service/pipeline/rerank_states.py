@@ -8,9 +8,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from service.engines.base import Engine, EngineError
 from service.pipeline.fusion import Candidate
+
+if TYPE_CHECKING:
+    from service.observability.metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +44,10 @@ class StatesWriteBack:
     already being written is skipped, and a failed write only means computing next time. The
     engine stores them only onto the chunk version they were computed for."""
 
-    def __init__(self, engine: Engine, states_key: str | None, enabled: bool, max_pending: int = 8) -> None:
+    def __init__(self, engine: Engine, states_key: str | None, enabled: bool, max_pending: int = 8,
+                 metrics: ServiceMetrics | None = None) -> None:
         self.engine = engine
+        self._metrics = metrics
         self.states_key = states_key if enabled else None
         self.max_pending = max_pending
         self._pending: set[asyncio.Task[None]] = set()
@@ -58,6 +64,7 @@ class StatesWriteBack:
             return
         if len(self._pending) >= self.max_pending:
             self.skipped += len(items)
+            self._count("skipped", len(items))
             return
         self._writing.update(cid for cid, _, _ in items)
         task = asyncio.get_running_loop().create_task(self._write(items, self.states_key), name="states-write-back")
@@ -66,11 +73,19 @@ class StatesWriteBack:
 
     async def _write(self, items: list[tuple[str, str, bytes]], states_key: str) -> None:
         try:
-            self.written += await self.engine.put_passage_states(items, states_key)
+            written = await self.engine.put_passage_states(items, states_key)
+            self.written += written
+            self._count("written", written)
+            self._count("stale", len(items) - written)
         except EngineError as exc:
             log.warning("passage states not written back (%s); reranks compute them", exc)
+            self._count("failed", len(items))
         finally:
             self._writing.difference_update(cid for cid, _, _ in items)
+
+    def _count(self, result: str, n: int) -> None:
+        if self._metrics is not None and n > 0:
+            self._metrics.states_write_back.labels(result).inc(n)
 
     async def drain(self) -> None:
         """Wait for the writes in flight (shutdown, before the engine closes; tests)."""

@@ -111,6 +111,10 @@ async def test_write_back_stores_what_a_rerank_computed(start_server: StartServe
     await runner.states_write_back.drain()
     stored = await _stored_anywhere(engine, reranker.states_key)
     assert 0 < stored <= live.app.cfg.rerank_top_n and runner.states_write_back.written == stored
+    from tests.support.scrape import parse
+
+    scraped = parse(live.app.metrics.exposition().decode())
+    assert scraped[("retrieval_passage_states_write_back_total", (("result", "written"),))] == stored
 
     seen: list[int] = []
     original = runner.runtime.rerank

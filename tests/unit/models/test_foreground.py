@@ -55,7 +55,12 @@ async def test_gate_gives_ingest_every_worker_only_while_no_query_runs() -> None
 
 async def test_ingest_runs_on_both_threads_alone_and_one_while_queries_run() -> None:
     model = _SlowPassages()
-    rt = ModelRuntime(model, None, workers=2, ingest_workers=2, ingest_nice=5, max_wait_ms=0, max_batch=1)
+    from service.observability.metrics import ServiceMetrics
+    from tests.support.scrape import parse
+
+    metrics = ServiceMetrics()
+    rt = ModelRuntime(model, None, workers=2, ingest_workers=2, ingest_nice=5, max_wait_ms=0, max_batch=1,
+                      metrics=metrics)
     await rt.start()
     await asyncio.sleep(rt.foreground.linger_s * 2)  # start-up's warm-up query has lingered out
     deadline = time.monotonic() + 30
@@ -80,6 +85,8 @@ async def test_ingest_runs_on_both_threads_alone_and_one_while_queries_run() -> 
         await stream
         assert during and max(during) == 1, model.peaks
         assert rt.foreground.held_back_s > 0
+        held = parse(metrics.exposition().decode())[("retrieval_ingest_held_back_seconds_total", ())]
+        assert abs(held - rt.foreground.held_back_s) < 1e-9
         # The ingest threads run below normal priority.
         assert all(thread_nice(tid) >= thread_nice(threading.get_native_id()) + 5 for tid in model.threads)
         vec, _ = await rt.embed_query("after", deadline)

@@ -31,6 +31,8 @@ def exercised() -> ServiceMetrics:
     m.query_cache.labels("hit").inc()
     m.ingested("indexed", 5)
     m.ingested("invalid", 0)
+    m.states_write_back.labels("written").inc(3)
+    m.ingest_held_back.inc(0.5)
     return m
 
 
