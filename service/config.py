@@ -15,6 +15,10 @@ def default_models_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "retrieval-service" / "models"
 
 
+# What a TOML string or environment variable may say for "on".
+_TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+
+
 @dataclass(frozen=True)
 class Config:
     listen: str = "127.0.0.1:50051"
@@ -173,7 +177,7 @@ class Config:
         value = str(self.rerank_states_write_back).strip().lower()
         if value == "auto":
             return self.engine_kind == "embedded"
-        if value in {"1", "true", "yes", "on"}:
+        if value in _TRUE_WORDS:
             return True
         if value in {"0", "false", "no", "off", ""}:
             return False
@@ -183,7 +187,7 @@ class Config:
 def _coerce(value: Any, current: Any) -> Any:
     if isinstance(current, bool):
         if isinstance(value, str):
-            return value.lower() in {"1", "true", "yes", "on"}
+            return value.lower() in _TRUE_WORDS
         return bool(value)
     if isinstance(current, int):
         return int(value)

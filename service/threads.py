@@ -33,7 +33,7 @@ def lower_this_thread(nice: int) -> bool:
 
 
 def thread_nice(tid: int) -> int:
-    """The nice value of the thread with native id ``tid`` (tests, metrics)."""
+    """The nice value of the thread with native id ``tid`` (tests)."""
     return os.getpriority(os.PRIO_PROCESS, tid)
 
 

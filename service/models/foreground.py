@@ -50,10 +50,6 @@ class ForegroundGate:
     def allowed(self) -> int:
         return self.busy_workers if self.busy() else self.idle_workers
 
-    @property
-    def background_running(self) -> int:
-        return self._background
-
     @asynccontextmanager
     async def background(self) -> AsyncIterator[None]:
         if self._background >= self.allowed():

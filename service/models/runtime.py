@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -243,11 +244,8 @@ class MicroBatcher(Generic[In, Out]):
                     tok_s, inf_s = tok_s + t, inf_s + i
                 return admitted, outputs, started, tok_s, inf_s
 
-            if self._gate is None:
+            async with self._gate.background() if self._gate is not None else contextlib.nullcontext():
                 admitted, outputs, started, tok_s, inf_s = await loop.run_in_executor(self._executor, work)
-            else:
-                async with self._gate.background():
-                    admitted, outputs, started, tok_s, inf_s = await loop.run_in_executor(self._executor, work)
             self.batches_run += 1
             offset = 0
             n = sum(len(r.items) for r in admitted)
@@ -347,7 +345,7 @@ class ModelRuntime:
         ingest_nice: int = 0,
         ingest_workers_while_querying: int = 1,
         passage_states: bool = True,
-        ingest_states: bool | None = None,
+        ingest_states: bool = True,
     ) -> None:
         self.embedder = embedder
         self.reranker = reranker
@@ -390,7 +388,7 @@ class ModelRuntime:
         # too unless ``ingest_states`` is False (write-back only: reranks store what they
         # computed, README "Cached passage states").
         self._states_key = reranker.states_key if reranker is not None and passage_states else None
-        self.ingest_states = self._states_key is not None and ingest_states is not False
+        self.ingest_states = self._states_key is not None and ingest_states
         if reranker is not None and self._states_key is not None:
             # Ingest-time work: the ingest pool, like passage embeddings.
             self._states = MicroBatcher(

@@ -53,7 +53,6 @@ class StatesWriteBack:
         self._pending: set[asyncio.Task[None]] = set()
         self._writing: set[str] = set()
         self.written = 0
-        self.skipped = 0
 
     def offer(self, head: Sequence[Candidate], computed: dict[int, bytes]) -> None:
         if self.states_key is None or not computed:
@@ -63,7 +62,6 @@ class StatesWriteBack:
         if not items:
             return
         if len(self._pending) >= self.max_pending:
-            self.skipped += len(items)
             self._count("skipped", len(items))
             return
         self._writing.update(cid for cid, _, _ in items)
