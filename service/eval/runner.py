@@ -156,7 +156,7 @@ class _Live:
 def passage_texts(judged: Judged, cfg: Any) -> list[str]:
     """The texts the ingestor embeds for every corpus document (same chunking, same
     ``title\\nbreadcrumb\\ntext`` layout), so the cache can be filled up front."""
-    from service.ingest.chunking import chunk_document
+    from service.ingest.chunking import chunk_document, embedded_text
 
     texts = []
     for doc_id in judged.corpus:
@@ -164,7 +164,7 @@ def passage_texts(judged: Judged, cfg: Any) -> list[str]:
         title = str(d.get("title", ""))
         for p in chunk_document(str(d["text"]), str(d.get("breadcrumb", "")), str(d.get("collection", "doc")),
                                 cfg.chunk_chars, cfg.parent_chars):
-            texts.append(f"{title}\n{p.breadcrumb}\n{p.text}".strip())
+            texts.append(embedded_text(title, p))
     return texts
 
 

@@ -25,6 +25,13 @@ class Chunk:
     parent_text: str
 
 
+def embedded_text(title: str, chunk: Chunk) -> str:
+    """What a chunk is embedded and searched as (its ``search_text``): the document title,
+    the chunk's breadcrumb and its text. Everything that must match what ingest embeds
+    (the eval's embedding cache, the training pack, the benches) builds it here."""
+    return f"{title}\n{chunk.breadcrumb}\n{chunk.text}".strip()
+
+
 def _sections(text: str, base: str) -> list[tuple[str, str]]:
     path: list[str] = []
     out: list[tuple[str, str]] = []

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from service.config import Config
 from service.engines.base import ChunkRecord, Engine, make_chunk_id
-from service.ingest.chunking import chunk_document
+from service.ingest.chunking import chunk_document, embedded_text
 from service.ingest.documents import DocumentInput, validate_document
 from service.models.passage_states import rerank_passage_text
 from service.models.runtime import ModelRuntime
@@ -54,7 +54,7 @@ class Ingestor:
             chunk_document, doc.text, doc.breadcrumb, doc.collection,
             self.cfg.chunk_chars, self.cfg.parent_chars,
         )
-        texts = [f"{doc.title}\n{p.breadcrumb}\n{p.text}".strip() for p in pieces]
+        texts = [embedded_text(doc.title, p) for p in pieces]
         deadline = time.monotonic() + _EMBED_DEADLINE_S
         states_key = self.runtime.states_key if self.runtime.ingest_states else None
         embedding = self.runtime.embed_passages(texts, deadline, batch=self.cfg.embed_batch)

@@ -50,7 +50,7 @@ from service.app import App  # noqa: E402
 from service.config import Config  # noqa: E402
 from service.eval.metrics import percentile  # noqa: E402
 from service.demo.corpus import DEMO_DOCUMENTS  # noqa: E402
-from service.ingest.chunking import chunk_document  # noqa: E402
+from service.ingest.chunking import chunk_document, embedded_text  # noqa: E402
 from service.models.base import EmbeddingBackend, Encoded, FloatArray, TextKind  # noqa: E402
 from tests.bench.parity_engines import DEMO_QUERIES, VectorCache, insuranceqa_sample, load_e5  # noqa: E402
 
@@ -114,7 +114,7 @@ def chunk_texts(docs: list[dict[str, Any]], cfg: Config) -> list[str]:
     out = []
     for d in docs:
         for p in chunk_document(d["text"], d.get("breadcrumb", ""), d["collection"], cfg.chunk_chars, cfg.parent_chars):
-            out.append(f"{d['title']}\n{p.breadcrumb}\n{p.text}".strip())
+            out.append(embedded_text(d["title"], p))
     return out
 
 

@@ -75,7 +75,7 @@ from service.engines.embedded.analyzer import analyze  # noqa: E402
 from service.engines.embedded.engine import EmbeddedEngine  # noqa: E402
 from service.engines.opensearch import mapping  # noqa: E402
 from service.engines.opensearch.engine import OpenSearchEngine  # noqa: E402
-from service.ingest.chunking import chunk_document  # noqa: E402
+from service.ingest.chunking import chunk_document, embedded_text  # noqa: E402
 from service.ingest.documents import DocumentInput  # noqa: E402
 
 E5_INT8 = "multilingual-e5-small-int8"
@@ -271,7 +271,7 @@ def demo_chunks(cfg: Config | None = None) -> list[tuple[ChunkRecord, str]]:
         )
         content_hash = doc.content_hash("parity")
         for p in chunk_document(doc.text, doc.breadcrumb, doc.collection, cfg.chunk_chars, cfg.parent_chars):
-            text = f"{doc.title}\n{p.breadcrumb}\n{p.text}".strip()
+            text = embedded_text(doc.title, p)
             out.append((ChunkRecord(
                 chunk_id=make_chunk_id(doc.source_id, p.index, doc.version),
                 source_id=doc.source_id, version=doc.version, chunk_index=p.index,

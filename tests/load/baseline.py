@@ -62,7 +62,7 @@ class Passage:
 def passages_of(docs: Sequence[dict[str, Any]]) -> list[Passage]:
     from service.config import Config
     from service.engines.base import make_chunk_id
-    from service.ingest.chunking import chunk_document
+    from service.ingest.chunking import chunk_document, embedded_text
 
     cfg = Config()
     out = []
@@ -71,7 +71,7 @@ def passages_of(docs: Sequence[dict[str, Any]]) -> list[Passage]:
         for p in chunk_document(str(d["text"]), str(d.get("breadcrumb", "")), str(d.get("collection", "doc")),
                                 cfg.chunk_chars, cfg.parent_chars):
             out.append(Passage(d["source_id"], make_chunk_id(d["source_id"], p.index, d.get("version", "v1")),
-                               f"{title}\n{p.breadcrumb}\n{p.text}".strip()))
+                               embedded_text(title, p)))
     return out
 
 

@@ -49,13 +49,13 @@ def documents(n: int, lang: str) -> list[dict[str, Any]]:
 
 def chunk_batches(docs: Sequence[dict[str, Any]], cfg: Any) -> list[list[str]]:
     """Each document's embedded chunk texts, exactly as the ingestor forms them."""
-    from service.ingest.chunking import chunk_document
+    from service.ingest.chunking import chunk_document, embedded_text
 
     batches = []
     for d in docs:
         pieces = chunk_document(d["text"], d.get("breadcrumb", ""), d.get("collection", ""),
                                 cfg.chunk_chars, cfg.parent_chars)
-        texts = [f"{d['title']}\n{p.breadcrumb}\n{p.text}".strip() for p in pieces]
+        texts = [embedded_text(d["title"], p) for p in pieces]
         batches += [texts[i:i + cfg.embed_batch] for i in range(0, len(texts), cfg.embed_batch)]
     return batches
 

@@ -84,7 +84,7 @@ def dense_vectors(docs: Sequence[str], queries: Sequence[str], model_dir: Path, 
     computed here (queries are short)."""
     from service.config import Config
     from service.eval.embedding_cache import CachedEmbedder
-    from service.ingest.chunking import chunk_document
+    from service.ingest.chunking import chunk_document, embedded_text
     from service.models.onnx_embedder import load_embedder
 
     t0 = time.perf_counter()
@@ -94,7 +94,7 @@ def dense_vectors(docs: Sequence[str], queries: Sequence[str], model_dir: Path, 
     for i, doc in enumerate(docs):
         for part in chunk_document(doc, "", "doc", cfg.chunk_chars, cfg.parent_chars):
             owners.append(i)
-            texts.append(f"\n{part.breadcrumb}\n{part.text}".strip())
+            texts.append(embedded_text("", part))
     # One intra-op thread per session and one pool worker per core: two 2-thread sessions
     # on two cores oversubscribe them (measured: ~2x slower).
     cached = CachedEmbedder(load_embedder(model_dir, threads=1))
