@@ -35,7 +35,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -155,7 +155,7 @@ def make_upper(lower: int, dropout: float) -> Any:
     import torch
     from torch import nn
 
-    from service.offline.training.model import Layer, _linears
+    from service.offline.training.model import Layer, load_layer
     from service.offline.training.split import _e5_source
 
     src = _e5_source()
@@ -178,14 +178,7 @@ def make_upper(lower: int, dropout: float) -> Any:
     model = Upper()
     with torch.no_grad():
         for layer, lw in zip(model.layers, src.weights.layers[lower:]):
-            for name, (wt, bs) in _linears(lw).items():
-                lin = getattr(layer, name)
-                lin.weight.copy_(torch.from_numpy(np.ascontiguousarray(wt.T, dtype=np.float32)))
-                lin.bias.copy_(torch.from_numpy(np.asarray(bs, dtype=np.float32)))
-            norms: list[tuple[Any, tuple[Any, Any]]] = [(layer.aln, (lw.aln_w, lw.aln_b)), (layer.oln, (lw.oln_w, lw.oln_b))]
-            for ln, (w_, b_) in norms:
-                ln.weight.copy_(torch.from_numpy(np.asarray(w_, np.float32)))
-                ln.bias.copy_(torch.from_numpy(np.asarray(b_, np.float32)))
+            load_layer(cast(Layer, layer), lw)
     return model
 
 

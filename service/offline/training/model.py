@@ -87,14 +87,7 @@ class CrossEncoder(nn.Module):  # type: ignore[misc, unused-ignore]  # Any witho
         self.emb_ln.weight.copy_(t(w.emb_ln_w))
         self.emb_ln.bias.copy_(t(w.emb_ln_b))
         for layer, lw in zip(self.blocks(), w.layers):
-            for name, (wt, bs) in _linears(lw).items():
-                lin = cast(nn.Linear, getattr(layer, name))
-                lin.weight.copy_(t(wt).T)
-                lin.bias.copy_(t(bs))
-            layer.aln.weight.copy_(t(lw.aln_w))
-            layer.aln.bias.copy_(t(lw.aln_b))
-            layer.oln.weight.copy_(t(lw.oln_w))
-            layer.oln.bias.copy_(t(lw.oln_b))
+            load_layer(layer, lw)
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
         """Everything but the (frozen) word and token type tables."""
@@ -119,6 +112,23 @@ class CrossEncoder(nn.Module):  # type: ignore[misc, unused-ignore]  # Any witho
         weights = BertWeights(word=word, position=n(self.position.weight), token_type=token_type,
                               emb_ln_w=n(self.emb_ln.weight), emb_ln_b=n(self.emb_ln.bias), layers=layers)
         return weights, np.ascontiguousarray(n(self.head.weight).T), n(self.head.bias)
+
+
+@torch.no_grad()
+def load_layer(layer: Layer, lw: LayerWeights) -> None:
+    """Copy one builder-layout layer (matrices ``[in, out]``) into a torch ``Layer``."""
+
+    def t(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+
+    for name, (wt, bs) in _linears(lw).items():
+        lin = cast(nn.Linear, getattr(layer, name))
+        lin.weight.copy_(t(wt).T)
+        lin.bias.copy_(t(bs))
+    layer.aln.weight.copy_(t(lw.aln_w))
+    layer.aln.bias.copy_(t(lw.aln_b))
+    layer.oln.weight.copy_(t(lw.oln_w))
+    layer.oln.bias.copy_(t(lw.oln_b))
 
 
 def _linears(lw: LayerWeights) -> dict[str, tuple[np.ndarray, np.ndarray]]:
