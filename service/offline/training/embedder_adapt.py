@@ -302,6 +302,8 @@ def held_out(lang: str, n: int, seed: int) -> set[int]:
 def train(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
+    from service.offline.training.model import optimizer_step, save_checkpoint
+
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     meta = json.loads((args.cache / "cache.json").read_text())
@@ -377,10 +379,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                     mask[r, c] = True
         sims = sims.masked_fill(mask, -1e4)
         loss = torch.nn.functional.cross_entropy(sims, torch.arange(len(qis)))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()  # type: ignore[no-untyped-call]
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        optimizer_step(model, opt, loss)
         step += 1
         train_seconds += time.perf_counter() - t0
         losses.append(float(loss.detach()))
@@ -389,9 +388,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                  f"(chance {math.log(2 * args.batch):.3f}) progress {progress():.1%} "
                  f"{step * args.batch / max(train_seconds, 1e-9):.1f} q/s")
         if time.perf_counter() - last_ckpt > args.ckpt_every_min * 60:
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "train_seconds": train_seconds}, ckpt)
+            save_checkpoint(ckpt, model, opt, step, train_seconds)
             last_ckpt = time.perf_counter()
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "train_seconds": train_seconds}, ckpt)
+    save_checkpoint(ckpt, model, opt, step, train_seconds)
     save_weights(model, args.out, {"lower": lower, "steps": step, "train_seconds": round(train_seconds, 1),
                                    "args": {k: str(v) for k, v in vars(args).items()}, "base": report["base"]})
     if not args.no_eval:

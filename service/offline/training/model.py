@@ -8,6 +8,7 @@ folded into the positions (no token type input), and the ``cls_logit`` head
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import cast
 
 import numpy as np
@@ -129,6 +130,19 @@ def load_layer(layer: Layer, lw: LayerWeights) -> None:
     layer.aln.bias.copy_(t(lw.aln_b))
     layer.oln.weight.copy_(t(lw.oln_w))
     layer.oln.bias.copy_(t(lw.oln_b))
+
+
+def optimizer_step(model: nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+    """One update of the split and embedder trainers: backward, clip at 1.0, step."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()  # type: ignore[no-untyped-call, unused-ignore]
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+
+
+def save_checkpoint(path: Path, model: nn.Module, opt: torch.optim.Optimizer, step: int, train_seconds: float) -> None:
+    """What ``--resume`` reads back: weights, optimizer state, step and seconds trained."""
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "train_seconds": train_seconds}, path)
 
 
 def _linears(lw: LayerWeights) -> dict[str, tuple[np.ndarray, np.ndarray]]:

@@ -284,6 +284,8 @@ def evaluate(model: Any, pack: Pack, states: dict[str, LangStates], questions: i
 def train(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
+    from service.offline.training.model import optimizer_step, save_checkpoint
+
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     t_start = time.perf_counter()
@@ -361,10 +363,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             ps += [states[lang].docs[x] for x in docs]
         logits = forward_pairs(model, qs, ps, args.micro, not args.fp32).view(len(batch), args.group)
         loss = torch.nn.functional.cross_entropy(logits, torch.zeros(len(batch), dtype=torch.long))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()  # type: ignore[no-untyped-call]
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        optimizer_step(model, opt, loss)
         step += 1
         train_seconds += time.perf_counter() - t0
         losses.append(float(loss.detach()))
@@ -381,9 +380,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             _log(f"eval: {json.dumps(ev)}")
             emit("eval", result=ev)
         if time.perf_counter() - last_ckpt > args.ckpt_every_min * 60:
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "train_seconds": train_seconds}, ckpt)
+            save_checkpoint(ckpt, model, opt, step, train_seconds)
             last_ckpt = time.perf_counter()
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "train_seconds": train_seconds}, ckpt)
+    save_checkpoint(ckpt, model, opt, step, train_seconds)
     final = evaluate(model, pack, states, args.final_eval_questions, args.eval_depth)
     _log(f"final eval: {json.dumps(final)}")
     emit("final_eval", result=final)
