@@ -35,4 +35,5 @@ if [[ -z "${OPENSEARCH_URL:-}" ]]; then
 fi
 trap '[[ -n "$started" ]] && "$OS" stop --port "$PORT"' EXIT
 
-.venv/bin/python -m pytest "$@"
+# --durations: the slowest tests in every log, so a creeping one is seen before it hits the timeout.
+.venv/bin/python -m pytest --durations=15 "$@"
