@@ -33,7 +33,8 @@
 #   --node I        stop (or start again) just node I of a running cluster: failover tests
 # Other env: OPENSEARCH_CACHE_DIR (default ~/.cache/retrieval-opensearch),
 #   OPENSEARCH_JAVA_HOME (force a JDK), OPENSEARCH_RUN_AS (user for the JVM when run as root;
-#   OpenSearch refuses to run as root; default nobody).
+#   OpenSearch refuses to run as root; default nobody), OPENSEARCH_PORT_WAIT_S (how long a
+#   start waits for a busy port to free, e.g. from a JVM still exiting; default 30).
 # Security is off: the integ-test distribution has no security plugin. Loopback only.
 
 set -euo pipefail
@@ -167,6 +168,16 @@ health() {  # port [query] -> health json or fail
 
 port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
+# A JVM just killed still holds its ports while its threads exit: its main thread already
+# reads as a zombie (so it is no live node of ours), but the sockets close with the last
+# thread, seconds later on a loaded machine. Seen in CI: a start right after a SIGKILL
+# found the port busy. So a busy port gets that long to free before it counts as foreign.
+port_free_within() {  # port seconds
+  local n
+  for ((n = 0; n < $2 * 4; n++)); do port_busy "$1" || return 0; sleep 0.25; done
+  return 1
+}
+
 run_as_prefix() {  # OpenSearch refuses to run as root: drop to an unprivileged user
   if [[ "$(id -u)" != 0 ]]; then return; fi
   local u="${OPENSEARCH_RUN_AS:-nobody}" g
@@ -203,8 +214,8 @@ start_node() {  # index home java prefix data_root
   local http=$((PORT + i)) tport=$((PORT + 100 + i))
   local nd="$RUN_DIR/node-$i" conf="$RUN_DIR/node-$i/config"
   kill_strays "$i"
-  port_busy "$http" && die "port $http is in use by something that is not ours"
-  port_busy "$tport" && die "transport port $tport is in use"
+  port_free_within "$http" "${OPENSEARCH_PORT_WAIT_S:-30}" || die "port $http is in use by something that is not ours"
+  port_free_within "$tport" "${OPENSEARCH_PORT_WAIT_S:-30}" || die "transport port $tport is in use"
   rm -rf "$conf"; mkdir -p "$conf" "$nd/logs" "$data_root/node-$i"
   cp -r "$home/config/." "$conf/"
   # Per-node JVM files: GC log and heap dumps go to the node dir, not the (shared) home.

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.support.service_live import ScriptNodes
+from tests.support.service_live import SCRIPT, ScriptNodes
 
 pytestmark = [pytest.mark.fault, pytest.mark.integration, pytest.mark.slow]
 
@@ -56,4 +59,33 @@ def test_start_recovers_from_killed_nodes_and_stop_finds_strays() -> None:
         nodes.start()  # and the port is free again
         assert nodes.pids[0] not in {first, second}
     finally:
+        nodes.stop()
+
+
+def _listener(port: int) -> socket.socket:
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen()
+    return sock
+
+
+def test_a_port_held_by_a_stranger_is_refused_and_one_freed_in_time_is_taken() -> None:
+    """A JVM killed a moment ago holds its ports until its last thread exits (CI saw a start
+    right after a SIGKILL refused with "in use by something that is not ours"): start waits
+    OPENSEARCH_PORT_WAIT_S for a busy port, and only then calls it foreign."""
+    port = PORT + 1  # no node of the test above lives there (single node: PORT, PORT + 100)
+    nodes = ScriptNodes(port=port, nodes=1, heap="512m")
+    stranger = _listener(port)
+    try:
+        started = time.monotonic()
+        proc = subprocess.run([str(SCRIPT), "start", "--port", str(port), "--nodes", "1"], capture_output=True,
+                              text=True, timeout=120, env={**os.environ, "OPENSEARCH_PORT_WAIT_S": "2"})
+        assert proc.returncode != 0 and "is in use by something that is not ours" in proc.stderr, proc.stderr
+        assert time.monotonic() - started >= 2.0  # it waited before it gave up
+        threading.Timer(3.0, stranger.close).start()  # freed while start waits (default 30 s)
+        nodes.start()
+        assert nodes.health()["status"] in {"green", "yellow"}
+    finally:
+        stranger.close()
         nodes.stop()
