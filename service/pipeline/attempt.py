@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 
@@ -62,9 +61,9 @@ from service.pipeline.context_budget import apply_plan_budget
 from service.pipeline.legs import LegRun as _LegRun
 from service.pipeline.plan_execution import faq_direct_answer, rerank_query, search_planned
 from service.pipeline.rerank_states import StatesWriteBack, stored_states
-from service.pipeline.postprocess import admissible, apply_context_budget, dedupe
+from service.pipeline.postprocess import Deduped, admissible, apply_context_budget
 from service.pipeline.quality import QualityModel
-from service.pipeline.recording import entry_for, reserve
+from service.pipeline.recording import entry_for, new_attempt_id, reserve
 from service.pipeline.relevance import relevance_level
 from service.pipeline.request import AttemptRequest, Principal
 from service.planning.plan import RetrievalPlan
@@ -193,9 +192,8 @@ class AttemptRunner:
     async def _bm25(self, query: str, flt: SearchFilter, share_s: float, size: int) -> _LegRun:
         t0 = time.monotonic()
         try:
-            resp = await asyncio.wait_for(
-                self.engine.bm25(query, size, flt, share_s), share_s
-            )
+            async with asyncio.timeout(share_s):  # not wait_for: no extra task per leg
+                resp = await self.engine.bm25(query, size, flt, share_s)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
@@ -208,13 +206,13 @@ class AttemptRunner:
         deadline = t0 + share_s
         timing = Timing()
         try:
-            vector, timing = await asyncio.wait_for(self.runtime.embed_query(query, deadline), share_s)
+            async with asyncio.timeout(share_s):
+                vector, timing = await self.runtime.embed_query(query, deadline)
             left = deadline - time.monotonic()
             if left <= 0:
                 raise DeadlineExceeded("no time left for the vector search after embedding")
-            resp = await asyncio.wait_for(
-                self.engine.knn(vector, size, flt, left), left
-            )
+            async with asyncio.timeout(left):
+                resp = await self.engine.knn(vector, size, flt, left)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
@@ -249,7 +247,7 @@ class AttemptRunner:
     ) -> AsyncIterator[Event]:
         """Run one attempt. ``deadline`` is absolute, on the time.monotonic() clock."""
         started = time.monotonic()
-        attempt_id = uuid.uuid4().hex
+        attempt_id = new_attempt_id()
         current_attempt_id.set(attempt_id)  # JSON log lines of this task carry it
         trace = self.tracer.begin(attempt_id)
         result = AttemptResultOut(attempt_id, Outcome.EMPTY, model_ids=self.model_ids, engine=self.engine.name)
@@ -377,7 +375,11 @@ class AttemptRunner:
             else:
                 result.outcome, result.stopping_reason = Outcome.INADMISSIBLE, "none_admissible"
             return
-        ranked = dedupe(allowed)
+        # Deduped as far as read: the rerank head and the items returned (a plan's merge and
+        # FAQ answer judge every item). The gate below reads on when min_quality drops some.
+        deduped = Deduped(allowed, None if req.plan is not None or req.query_variants
+                          else max(cfg.rerank_top_n, top_k))
+        ranked = deduped.items
 
         # 4. Rerank (falls back to the fused order on timeout/failure, and says so).
         max_fused = self._max_fused(runs, fusion)
@@ -386,12 +388,9 @@ class AttemptRunner:
         # 5. Quality, gate, relevance, budget.
         legs_key, answered_max = self._answered(runs, fusion)
         cjk = is_cjk(req.query)
-        sources = self.quality.assign_all(ranked, reranked=reranked, max_fused=max_fused, cjk=cjk,
-                                          legs=legs_key, answered_max_fused=answered_max)
-        first_stage = self.quality.first_stage_quality(ranked, max_fused=max_fused, cjk=cjk, legs=legs_key,
-                                                       answered_max_fused=answered_max) if reranked else None
-        gated = self.quality.gate(ranked, sources, req.min_quality or cfg.min_quality, cjk=cjk, legs=legs_key,
-                                  first_stage=first_stage)
+        sources, gated, first_stage = self.quality.judge(
+            ranked, deduped.more, reranked=reranked, max_fused=max_fused, cjk=cjk, legs=legs_key,
+            answered_max_fused=answered_max, min_quality=req.min_quality or cfg.min_quality, top_k=top_k)
         if not gated:
             if failed:
                 infra_failure("legs_failed_none_passed_gate")

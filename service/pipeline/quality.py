@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -249,3 +249,25 @@ class QualityModel:
                    legs: str = "both", answered_max_fused: float | None = None) -> list[QualitySource]:
         return [self.assign(c, reranked=reranked, max_fused=max_fused, cjk=cjk, legs=legs,
                             answered_max_fused=answered_max_fused) for c in ranked]
+
+    def judge(self, ranked: list[Candidate], more: Callable[[int], list[Candidate]], *, reranked: bool,
+              max_fused: float, cjk: bool, legs: str, answered_max_fused: float, min_quality: float,
+              top_k: int) -> tuple[list[QualitySource], list[Candidate], float | None]:
+        """Quality for ``ranked`` (a prefix of the deduped list, in final order), the first
+        stage's quality (reranked lists) and what passes the gate. A ``min_quality`` gate
+        filters items, so while fewer than ``top_k`` pass, ``more(n)`` reads on (it appends
+        to ``ranked`` and returns the new items; [] at the end). Returns the sources (one
+        per item of ``ranked``), the gated items and the first-stage quality."""
+        sources = self.assign_all(ranked, reranked=reranked, max_fused=max_fused, cjk=cjk, legs=legs,
+                                  answered_max_fused=answered_max_fused)
+        first_stage = self.first_stage_quality(ranked, max_fused=max_fused, cjk=cjk, legs=legs,
+                                               answered_max_fused=answered_max_fused) if reranked else None
+        gated = self.gate(ranked, sources, min_quality, cjk=cjk, legs=legs, first_stage=first_stage)
+        while min_quality > 0 and len(gated) < top_k:
+            extra = more(top_k - len(gated))
+            if not extra:
+                break
+            sources.extend(self.assign_all(extra, reranked=reranked, max_fused=max_fused, cjk=cjk, legs=legs,
+                                           answered_max_fused=answered_max_fused))
+            gated.extend(c for c in extra if c.quality >= min_quality)
+        return sources, gated, first_stage

@@ -7,7 +7,7 @@ import pytest
 from service.domain import QualitySource, RelevanceLevel
 from service.engines.base import ChunkRecord, Hit
 from service.pipeline.fusion import Candidate, max_rrf_score, rrf
-from service.pipeline.postprocess import admissible, apply_context_budget, dedupe
+from service.pipeline.postprocess import Deduped, admissible, apply_context_budget, dedupe
 from service.pipeline.relevance import assign_quality, relevance_level
 
 
@@ -72,6 +72,27 @@ def test_dedupe_keeps_best_child_per_parent_and_drops_repeated_text() -> None:
     copy = Candidate(chunk("t#0@v1", "child  one", "other", source="t"))
     other = Candidate(chunk("u#0@v1", "different", "else", source="u"))
     assert [c.chunk.chunk_id for c in dedupe([first, sibling, copy, other])] == ["s#0@v1", "u#0@v1"]
+
+
+def test_deduped_reads_only_as_far_as_asked_and_matches_dedupe() -> None:
+    p = "shared parent section"
+    cands = [Candidate(chunk("s#0@v1", "child one", p, source="s")), Candidate(chunk("s#1@v1", "child two", p, source="s")),
+             *(Candidate(chunk(f"u{i}", f"text {i}")) for i in range(6))]
+    read: list[str] = []
+
+    def tracked() -> object:
+        for c in cands:
+            read.append(c.chunk.chunk_id)
+            yield c
+
+    lazy = Deduped(tracked(), upfront=2)  # type: ignore[arg-type]
+    assert [c.chunk.chunk_id for c in lazy.items] == ["s#0@v1", "u0"]
+    assert read == ["s#0@v1", "s#1@v1", "u0"] and not lazy.exhausted  # nothing judged past what was asked
+    assert [c.chunk.chunk_id for c in lazy.more(3)] == ["u1", "u2", "u3"]
+    assert [c.chunk.chunk_id for c in lazy.more(10)] == ["u4", "u5"] and lazy.exhausted
+    assert lazy.more(1) == []
+    assert lazy.items == dedupe(cands) == Deduped(cands).items  # upfront=None: all of it
+    assert Deduped(cands).exhausted and Deduped(cands).more(1) == []
 
 
 def test_context_budget_cuts_and_flags() -> None:

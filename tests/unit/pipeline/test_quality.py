@@ -128,6 +128,35 @@ def test_the_default_gate_judges_the_list_by_its_top_a_min_quality_filters_items
     assert model.reference_threshold(QualitySource.HYBRID_CALIBRATED, False, "both", 0.6) == 0.6
 
 
+def test_judge_reads_on_until_top_k_items_pass_a_min_quality() -> None:
+    model = QualityModel(hybrid=parse_calibration(_doc("hybrid", "h"), "hybrid"))
+    # dense_cos drives the probability: distances 0.2 (pass 0.5) and 1.2 (fail) alternate.
+    pool = [_candidate(0.2 if i % 2 == 0 else 1.2, None, 0.1) for i in range(12)]
+    ranked, rest = pool[:3], iter(pool[3:])
+    asked: list[int] = []
+
+    def more(n: int) -> list[Candidate]:
+        asked.append(n)
+        extra = [c for _, c in zip(range(n), rest)]
+        ranked.extend(extra)
+        return extra
+
+    kw = dict(reranked=False, max_fused=0.1, cjk=False, legs="both", answered_max_fused=0.1)
+    sources, gated, first = model.judge(ranked, more, min_quality=0.5, top_k=4, **kw)  # type: ignore[arg-type]
+    assert first is None and len(sources) == len(ranked)
+    assert gated == [c for c in ranked if c.quality >= 0.5] and len(gated) == 4
+    assert ranked == pool[: len(ranked)] and len(ranked) < len(pool)  # read on, but not to the end
+    assert all(c.quality >= 0.5 for c in gated) and asked[0] == 2  # 2 of 3 passed: asked for the 2 missing
+    # Without a min_quality, the top decides and nothing more is read.
+    ranked2, asked2 = pool[:3], []
+    _, gated2, _ = model.judge(ranked2, lambda n: asked2.append(n) or [], min_quality=0.0, top_k=4, **kw)  # type: ignore[arg-type, func-returns-value]
+    assert gated2 == pool[:3] and asked2 == []
+    # The list runs out before top_k pass: everything that passes, no more asking.
+    ranked3 = [pool[1], pool[3]]
+    _, gated3, _ = model.judge(ranked3, lambda n: [], min_quality=0.5, top_k=4, **kw)  # type: ignore[arg-type]
+    assert gated3 == []
+
+
 def test_a_reranked_list_passes_only_when_the_first_stage_also_finds_something() -> None:
     hybrid = parse_calibration({**_doc("hybrid", "h"), "gate": {"both/en": 0.3, "both/cjk": 0.2}}, "hybrid")
     rerank = parse_calibration({**_doc("rerank", "r"), "gate": {"both/en": 0.1, "both/cjk": 0.1}}, "rerank")
