@@ -157,7 +157,8 @@ def build_engine(cfg: Config, dimension: int) -> Engine:
         )
     from service.engines.embedded.engine import EmbeddedEngine
 
-    return EmbeddedEngine(cfg.data_dir / "engine", workers=cfg.engine_workers, writer_nice=cfg.ingest_nice)
+    return EmbeddedEngine(cfg.data_dir / "engine", workers=cfg.engine_workers, writer_nice=cfg.ingest_nice,
+                          search_nice=cfg.worker_nice)
 
 
 def build_ledger(cfg: Config) -> Ledger:
@@ -176,7 +177,7 @@ def build_ledger(cfg: Config) -> Ledger:
     from service.ledger.sqlite import SqliteLedger
 
     path = Path(cfg.ledger_path).expanduser() if cfg.ledger_path else cfg.data_dir / "ledger.sqlite3"
-    return SqliteLedger(path, timeout_s=cfg.ledger_timeout_s)
+    return SqliteLedger(path, timeout_s=cfg.ledger_timeout_s, nice=cfg.worker_nice)
 
 
 @dataclass
@@ -209,7 +210,7 @@ class App:
             embedder, reranker, workers=cfg.model_workers, max_batch=cfg.max_batch_size,
             max_wait_ms=cfg.max_batch_wait_ms, max_queue=cfg.max_queue, metrics=metrics,
             query_cache_size=cfg.query_cache_size, ingest_workers=cfg.ingest_model_workers,
-            ingest_nice=cfg.ingest_nice, ingest_workers_while_querying=cfg.ingest_workers_while_querying,
+            ingest_nice=cfg.ingest_nice, worker_nice=cfg.worker_nice, ingest_workers_while_querying=cfg.ingest_workers_while_querying,
             passage_states=cfg.rerank_states or cfg.states_write_back, ingest_states=cfg.rerank_states,
         )
         engine = engine or build_engine(cfg, embedder.dimension)

@@ -1,10 +1,14 @@
-"""Background-priority worker threads: ingest work that must never starve queries.
+"""Worker threads at a lowered priority (a positive nice value, per thread on Linux).
 
-Ingest's model calls and the embedded engine's writes run on threads of their own whose
-scheduling priority is lowered (a positive nice value, per thread on Linux). On a machine
-with few cores the scheduler then gives queries the CPU whenever both want it, and the
-background threads take what queries leave idle: a bulk ingest on a quiet server still uses
-every core (README "Queries during a bulk ingest").
+Two uses, two levels:
+- Ingest's model calls and the embedded engine's writes (``ingest_nice``, 19): work that must
+  never starve queries. On a machine with few cores the scheduler gives queries the CPU
+  whenever both want it, and ingest takes what queries leave idle: a bulk ingest on a quiet
+  server still uses every core (README "Queries during a bulk ingest").
+- Query-time workers (``worker_nice``, 10): the model pool, the embedded engine's searches and
+  the ledger's thread. The event loop is the one serial stage, and it holds the GIL while it
+  runs: preempted by the OS in favour of a worker's GIL-free inference, it stalls every other
+  request with it (README "Event-loop lag"). Below the loop and above ingest.
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ def thread_nice(tid: int) -> int:
     return os.getpriority(os.PRIO_PROCESS, tid)
 
 
-def background_pool(workers: int, name: str, nice: int) -> ThreadPoolExecutor:
-    """A thread pool whose threads run ``nice`` steps below normal priority."""
+def niced_pool(workers: int, name: str, nice: int) -> ThreadPoolExecutor:
+    """A thread pool whose threads run ``nice`` steps below their creator's priority (0:
+    the same)."""
     initializer: Callable[[], object] | None = (lambda: lower_this_thread(nice)) if nice > 0 else None
     return ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name, initializer=initializer)

@@ -12,7 +12,6 @@ Every call runs on one dedicated thread (never the event loop). A lock held long
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import sqlite3
 import time
@@ -36,6 +35,7 @@ from service.ledger.base import (
     registered_gap,
     run_visible,
 )
+from service.threads import niced_pool
 
 T = TypeVar("T")
 
@@ -94,10 +94,10 @@ _MIGRATIONS = (
 class SqliteLedger(Ledger):
     kind = "sqlite"
 
-    def __init__(self, path: Path, timeout_s: float = 2.0) -> None:
+    def __init__(self, path: Path, timeout_s: float = 2.0, nice: int = 0) -> None:
         self._path = path
         self._timeout_s = timeout_s
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ledger")
+        self._executor = niced_pool(1, "ledger", nice)
         self._conn: sqlite3.Connection | None = None
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:

@@ -25,7 +25,7 @@ from service.errors import DeadlineExceeded, Overloaded
 from service.models.base import CrossEncoderBackend, EmbeddingBackend, FloatArray, ModelInfo
 from service.models.foreground import ForegroundGate
 from service.models.query_cache import QueryEmbeddingCache
-from service.threads import background_pool
+from service.threads import niced_pool
 
 if TYPE_CHECKING:
     from service.observability.metrics import ServiceMetrics
@@ -343,6 +343,7 @@ class ModelRuntime:
         query_cache_size: int = 0,
         ingest_workers: int = 0,
         ingest_nice: int = 0,
+        worker_nice: int = 0,
         ingest_workers_while_querying: int = 1,
         passage_states: bool = True,
         ingest_states: bool = True,
@@ -355,11 +356,10 @@ class ModelRuntime:
         # passage batches another (``ingest_workers`` threads; 0 = share the query pool): a
         # query batch never waits in an executor queue behind a passage batch, and the
         # ingest threads run ``ingest_nice`` steps below normal priority, so when both want
-        # the cores the scheduler gives them to queries (service/threads.py).
-        self.executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=workers, thread_name_prefix="model"
-        )
-        self.ingest_executor = self.executor if ingest_workers <= 0 else background_pool(
+        # the cores the scheduler gives them to queries (service/threads.py). The query pool
+        # itself runs ``worker_nice`` steps below the event loop.
+        self.executor = niced_pool(workers, "model", worker_nice)
+        self.ingest_executor = self.executor if ingest_workers <= 0 else niced_pool(
             ingest_workers, "ingest-model", ingest_nice)
         self.query_cache = QueryEmbeddingCache(query_cache_size, embedder.info.sha256)
         # Ingest batches run on every ingest thread only while no query needs the models.

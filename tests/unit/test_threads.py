@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import threading
 
-from service.threads import background_pool, lower_this_thread, thread_nice
+from service.threads import niced_pool, lower_this_thread, thread_nice
 
 
-def test_background_pool_threads_run_below_the_callers_priority() -> None:
+def test_niced_pool_threads_run_below_the_callers_priority() -> None:
     base = thread_nice(threading.get_native_id())
-    pool = background_pool(2, "bg", nice=7)
+    pool = niced_pool(2, "bg", nice=7)
     try:
         nices = set(pool.map(lambda _: thread_nice(threading.get_native_id()), range(8)))
     finally:
@@ -19,7 +19,7 @@ def test_background_pool_threads_run_below_the_callers_priority() -> None:
 
 def test_zero_nice_leaves_the_thread_alone() -> None:
     base = thread_nice(threading.get_native_id())
-    pool = background_pool(1, "fg", nice=0)
+    pool = niced_pool(1, "fg", nice=0)
     try:
         assert pool.submit(lambda: (lower_this_thread(0), thread_nice(threading.get_native_id()))).result() == (False, base)
     finally:

@@ -3,7 +3,7 @@
 SQLite under the data directory is the durable copy; a ``MemoryIndex`` rebuilt from it at start
 answers searches. Every piece of CPU or disk work (analysis, scoring, SQLite) runs on the
 engine's own thread pool, never on the event loop, and searches are bounded with
-``asyncio.wait_for`` so a saturated pool surfaces as ``EngineTimeout`` exactly as a slow
+``asyncio.timeout`` so a saturated pool surfaces as ``EngineTimeout`` exactly as a slow
 OpenSearch would. After ``close()`` every call raises ``EngineUnavailable``.
 
 Locking: ``_write_lock`` serialises writers (SQLite then memory); ``_index_lock`` guards the
@@ -46,7 +46,7 @@ from service.engines.embedded.analyzer import analyze
 from service.engines.embedded.knn import similarity
 from service.engines.embedded.memory import MemoryIndex
 from service.engines.embedded.store import SqliteStore
-from service.threads import background_pool
+from service.threads import niced_pool
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +63,13 @@ class _State(enum.Enum):
 class EmbeddedEngine(Engine):
     name = "embedded"
 
-    def __init__(self, data_dir: Path, workers: int = 1, writer_nice: int = 0) -> None:
+    def __init__(self, data_dir: Path, workers: int = 1, writer_nice: int = 0, search_nice: int = 0) -> None:
         self._data_dir = Path(data_dir)
         # Public so tests can saturate the pool and observe a real EngineTimeout.
         self.workers = workers
-        self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="embedded")
+        self.executor = niced_pool(workers, "embedded", search_nice)
         # Writes (ingest, deletes) apart from searches: one thread, as writers serialise anyway.
-        self.writer = background_pool(1, "embedded-writer", writer_nice)
+        self.writer = niced_pool(1, "embedded-writer", writer_nice)
         self._index = MemoryIndex()
         self._index_lock = threading.Lock()
         self._write_lock = threading.Lock()
@@ -105,7 +105,8 @@ class EmbeddedEngine(Engine):
         if timeout_s is None:
             return await future
         try:
-            return await asyncio.wait_for(future, timeout_s)
+            async with asyncio.timeout(timeout_s):  # cancels the pool's future, as wait_for did
+                return await future
         except TimeoutError as exc:
             raise EngineTimeout(f"embedded engine did not answer within {timeout_s}s") from exc
 

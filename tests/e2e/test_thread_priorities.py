@@ -1,0 +1,54 @@
+"""Thread priorities of a real server (service/threads.py): the event loop keeps its own, the
+query-time workers (model pool, embedded engine searches, SQLite ledger) run `worker_nice`
+steps below it, and ingest's threads `ingest_nice` steps below it, after a retrieve and an
+ingest have started every pool."""
+
+from __future__ import annotations
+
+import threading
+
+from service._gen.retrieval.v1 import corpus_pb2, types_pb2
+from service.threads import thread_nice
+from tests.support.harness import StartServer, result_of
+
+
+def _nices_by_pool(before: set[int]) -> dict[str, set[int]]:
+    """The nice value of each live thread not in ``before`` (other tests' servers, such as the
+    session's shared demo server, have pools of the same names), grouped by its pool's name
+    (``model_0`` -> ``model``); the loop's thread as ``MainThread``."""
+    out: dict[str, set[int]] = {"MainThread": {thread_nice(threading.get_native_id())}}
+    for t in threading.enumerate():
+        if t.native_id is None or t.ident in before:
+            continue
+        pool = t.name.rsplit("_", 1)[0] if t.name[-1:].isdigit() else t.name
+        out.setdefault(pool, set()).add(thread_nice(t.native_id))
+    return out
+
+
+async def test_query_workers_run_below_the_event_loop_and_ingest_below_them(start_server: StartServer) -> None:
+    loop_nice = thread_nice(threading.get_native_id())
+    before = {t.ident for t in threading.enumerate() if t.ident is not None}
+    live = await start_server(worker_nice=4, ingest_nice=9, demo=False)
+    doc = corpus_pb2.Document(source_id="prio", version="v1", title="Priorities", text="renewal of a home policy",
+                              collection=types_pb2.COLLECTION_DOC, status=types_pb2.SOURCE_STATUS_APPROVED)
+    summary = await live.ingest([doc])
+    assert summary.documents_indexed == 1
+    result = result_of(await live.retrieve(query="home policy renewal", top_k=3))
+    assert result.outcome == types_pb2.ATTEMPT_OUTCOME_EVIDENCE_FOUND
+    nices = _nices_by_pool(before)
+    assert nices["MainThread"] == {loop_nice}
+    for pool in ("model", "embedded", "ledger"):
+        assert nices.get(pool) == {min(19, loop_nice + 4)}, (pool, nices)
+    for pool in ("ingest-model", "embedded-writer"):
+        assert nices.get(pool) == {min(19, loop_nice + 9)}, (pool, nices)
+
+
+async def test_zero_worker_nice_leaves_query_workers_at_the_loops_priority(start_server: StartServer) -> None:
+    loop_nice = thread_nice(threading.get_native_id())
+    before = {t.ident for t in threading.enumerate() if t.ident is not None}
+    live = await start_server(worker_nice=0, demo=False)
+    result = result_of(await live.retrieve(query="anything at all", top_k=3))
+    assert result.outcome == types_pb2.ATTEMPT_OUTCOME_EMPTY
+    nices = _nices_by_pool(before)
+    for pool in ("model", "embedded", "ledger"):
+        assert nices.get(pool) == {loop_nice}, (pool, nices)
