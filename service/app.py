@@ -210,7 +210,8 @@ class App:
             embedder, reranker, workers=cfg.model_workers, max_batch=cfg.max_batch_size,
             max_wait_ms=cfg.max_batch_wait_ms, max_queue=cfg.max_queue, metrics=metrics,
             query_cache_size=cfg.query_cache_size, ingest_workers=cfg.ingest_model_workers,
-            ingest_nice=cfg.ingest_nice, worker_nice=cfg.worker_nice, ingest_workers_while_querying=cfg.ingest_workers_while_querying,
+            ingest_nice=cfg.ingest_nice, worker_nice=cfg.worker_nice,
+            ingest_workers_while_querying=cfg.ingest_workers_while_querying,
             passage_states=cfg.rerank_states or cfg.states_write_back, ingest_states=cfg.rerank_states,
         )
         engine = engine or build_engine(cfg, embedder.dimension)

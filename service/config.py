@@ -52,9 +52,9 @@ class Config:
     # after the last): on 2 cores a second ingest thread still doubles query p95.
     ingest_workers_while_querying: int = 1
     # Query-time worker threads (model pool, embedded engine searches, SQLite ledger) run
-    # worker_nice steps below the event loop, so the OS never preempts the loop (and the GIL
-    # it holds) for their GIL-free work: event-loop lag p99 at concurrency 32 went from the
-    # 10-25 ms bucket to under 10 ms (README "Event-loop lag"). 0: the loop's priority.
+    # worker_nice steps below the event loop, so when both want a core the OS prefers the
+    # loop (and the GIL it holds) over their GIL-free work: event-loop lag p99 at c=32 went
+    # from the 10-25 ms bucket to <= 10 ms (README "Event-loop lag"). 0: the loop's priority.
     worker_nice: int = 10
     engine_workers: int = 1  # embedded engine executor threads (searches; writes have their own)
     # Request limits.

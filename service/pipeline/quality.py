@@ -258,8 +258,11 @@ class QualityModel:
         filters items, so while fewer than ``top_k`` pass, ``more(n)`` reads on (it appends
         to ``ranked`` and returns the new items; [] at the end). Returns the sources (one
         per item of ``ranked``), the gated items and the first-stage quality."""
-        sources = self.assign_all(ranked, reranked=reranked, max_fused=max_fused, cjk=cjk, legs=legs,
-                                  answered_max_fused=answered_max_fused)
+        def assign(items: Sequence[Candidate]) -> list[QualitySource]:
+            return self.assign_all(items, reranked=reranked, max_fused=max_fused, cjk=cjk, legs=legs,
+                                   answered_max_fused=answered_max_fused)
+
+        sources = assign(ranked)
         first_stage = self.first_stage_quality(ranked, max_fused=max_fused, cjk=cjk, legs=legs,
                                                answered_max_fused=answered_max_fused) if reranked else None
         gated = self.gate(ranked, sources, min_quality, cjk=cjk, legs=legs, first_stage=first_stage)
@@ -267,7 +270,7 @@ class QualityModel:
             extra = more(top_k - len(gated))
             if not extra:
                 break
-            sources.extend(self.assign_all(extra, reranked=reranked, max_fused=max_fused, cjk=cjk, legs=legs,
-                                           answered_max_fused=answered_max_fused))
-            gated.extend(c for c in extra if c.quality >= min_quality)
+            extra_sources = assign(extra)
+            sources.extend(extra_sources)
+            gated.extend(self.gate(extra, extra_sources, min_quality, cjk=cjk, legs=legs))  # the same item filter
         return sources, gated, first_stage
