@@ -61,7 +61,16 @@ class Config:
     max_top_k: int = 50
     default_top_k: int = 10
     max_query_chars: int = 2000
-    max_inflight_attempts: int = 64
+    max_inflight_attempts: int = 64  # running + waiting for a slot
+    # Latency-bounded admission (service/api/attempt_queue.py), off at 0: at most this many
+    # attempts run at once and the rest wait; once no slot has been free for
+    # admission_interval_ms, a wait is cut at admission_target_ms (RESOURCE_EXHAUSTED) and
+    # the newest waiter runs first, so admitted latency stays near the unloaded one under
+    # overload. Off by default: a closed-loop caller with 32 requests out would then be shed
+    # instead of queued (README "Overload").
+    max_running_attempts: int = 0
+    admission_target_ms: float = 5.0
+    admission_interval_ms: float = 50.0
     default_deadline_s: float = 10.0  # when the caller sets none
     # Pipeline.
     candidates_per_leg: int = 50

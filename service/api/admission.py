@@ -1,14 +1,17 @@
 """Admission before any work: is the server draining, is it overloaded, is this principal at
-its concurrency quota. Also counts what is in flight, so a graceful stop knows when every
-attempt and ingest stream has finished."""
+its concurrency quota, and (with ``max_running_attempts``) is a running slot free or worth
+waiting for (``attempt_queue``). Also counts what is in flight, so a graceful stop knows
+when every attempt and ingest stream has finished."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from service.api.attempt_queue import AttemptQueue
 from service.api.quotas import Quotas
 from service.errors import Overloaded, ShuttingDown
 from service.pipeline.request import ANONYMOUS, Principal
@@ -26,6 +29,13 @@ class Admission:
         self.draining = False
         self._idle = asyncio.Event()
         self._idle.set()
+        cfg = app.cfg
+        self.queue = AttemptQueue(
+            cfg.max_running_attempts, cfg.admission_target_ms / 1000, cfg.admission_interval_ms / 1000,
+            on_shed=app.metrics.shed.labels("queue_delay").inc,
+        ) if cfg.max_running_attempts > 0 else None
+        if self.queue is not None:
+            app.metrics.watch_admission_queue(lambda: self.queue.waiting if self.queue else 0)
 
     def refuse_if_draining(self) -> None:
         if self.draining:
@@ -35,24 +45,38 @@ class Admission:
         """Raise ShuttingDown or Overloaded, or return: the caller then runs ``attempt``
         with no await in between (so the checks and the count agree)."""
         self.refuse_if_draining()
-        if self.inflight >= self.app.cfg.max_inflight_attempts:
+        held = self.inflight + (self.queue.waiting if self.queue else 0)
+        if held >= self.app.cfg.max_inflight_attempts:
             self.app.metrics.shed.labels("inflight_limit").inc()
-            raise Overloaded(f"{self.inflight} attempts in flight (limit {self.app.cfg.max_inflight_attempts})", 0.25)
+            raise Overloaded(f"{held} attempts in flight or waiting (limit {self.app.cfg.max_inflight_attempts})", 0.25)
         if self.app.runtime.overloaded():
             self.app.metrics.shed.labels("model_queue").inc()
             raise Overloaded("model queues are nearly full", 0.25)
         self.quotas.check_concurrency(principal.name)
 
+    async def take_turn(self, deadline: float) -> float:
+        """With a running limit: wait for a running slot (Overloaded when shed); the seconds
+        waited (0 without a limit). The caller then enters ``attempt(..., turn=True)`` with no
+        await in between; leaving it gives the slot back."""
+        if self.queue is None:
+            return 0.0
+        waited = await self.queue.enter(deadline - time.monotonic())
+        self.app.metrics.admission_wait.observe(waited)
+        return waited
+
     @contextlib.contextmanager
-    def attempt(self, principal: Principal = ANONYMOUS) -> Iterator[None]:
+    def attempt(self, principal: Principal = ANONYMOUS, turn: bool = False) -> Iterator[None]:
         self.inflight += 1
         self.app.metrics.inflight.inc()
+        started = time.monotonic()
         with self._held(principal):
             try:
                 yield
             finally:
                 self.inflight -= 1
                 self.app.metrics.inflight.dec()
+                if turn and self.queue is not None:
+                    self.queue.leave(time.monotonic() - started)
 
     def admit_stream(self, principal: Principal = ANONYMOUS) -> None:
         """An ingest stream is refused while draining or at the principal's quota."""

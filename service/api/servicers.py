@@ -38,10 +38,11 @@ def _deadline(context: Context, default_s: float) -> float:
     return time.monotonic() + budget
 
 
-def _trailers(result: AttemptResultOut) -> tuple[tuple[str, str], ...]:
+def _trailers(result: AttemptResultOut, admission_wait_s: float) -> tuple[tuple[str, str], ...]:
     t = result.timing
     return (
         ("x-attempt-id", result.attempt_id),
+        ("x-timing-admission-ms", f"{admission_wait_s * 1000:.3f}"),
         ("x-timing-queue-ms", f"{t.queue_ms:.3f}"),
         ("x-timing-tokenize-ms", f"{t.tokenize_ms:.3f}"),
         ("x-timing-inference-ms", f"{t.inference_ms:.3f}"),
@@ -71,39 +72,43 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
     async def Retrieve(  # noqa: N802 (gRPC method name)
         self, request: retrieval_pb2.RetrieveRequest, context: Context
     ) -> AsyncIterator[retrieval_pb2.RetrieveEvent]:
+        deadline = _deadline(context, self.app.cfg.default_deadline_s)
         try:
             req, principal = self._prepare(request, context)
+            waited_s = await self.admission.take_turn(deadline)
         except DomainError as exc:
             await abort_with(context, exc)
             return
-        with self.admission.attempt(principal):
-            async for event in self.app.runner.run(req, principal, _deadline(context, self.app.cfg.default_deadline_s)):
+        with self.admission.attempt(principal, turn=True):
+            async for event in self.app.runner.run(req, principal, deadline):
                 if isinstance(event, LegEvent):
                     yield retrieval_pb2.RetrieveEvent(leg=convert.leg_to_pb(event.report))
                 elif isinstance(event, EvidenceEvent):
                     yield retrieval_pb2.RetrieveEvent(evidence=convert.evidence_to_pb(event.evidence))
                 else:
-                    context.set_trailing_metadata(_trailers(event.result))
+                    context.set_trailing_metadata(_trailers(event.result, waited_s))
                     yield retrieval_pb2.RetrieveEvent(result=convert.result_to_pb(event.result))
 
     async def Lookup(  # noqa: N802
         self, request: retrieval_pb2.RetrieveRequest, context: Context
     ) -> retrieval_pb2.LookupResult:
+        deadline = _deadline(context, self.app.cfg.default_deadline_s)
         try:
             req, principal = self._prepare(request, context)
+            waited_s = await self.admission.take_turn(deadline)
         except DomainError as exc:
             await abort_with(context, exc)
             raise AssertionError("unreachable")  # abort raises
         evidence: list[EvidenceOut] = []
         result: AttemptResultOut | None = None
-        with self.admission.attempt(principal):
-            async for event in self.app.runner.run(req, principal, _deadline(context, self.app.cfg.default_deadline_s)):
+        with self.admission.attempt(principal, turn=True):
+            async for event in self.app.runner.run(req, principal, deadline):
                 if isinstance(event, EvidenceEvent):
                     evidence.append(event.evidence)
                 elif isinstance(event, ResultEvent):
                     result = event.result
         assert result is not None
-        trailers = _trailers(result)
+        trailers = _trailers(result, waited_s)
         error = LOOKUP_OUTCOME_ERRORS.get(result.outcome)
         if error is not None:
             message = f"attempt {result.attempt_id}: {result.outcome.value} ({result.stopping_reason})"

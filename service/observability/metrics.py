@@ -51,6 +51,13 @@ class ServiceMetrics:
         self.shed = Counter(
             "retrieval_shed", "Requests refused with RESOURCE_EXHAUSTED before any work, by reason",
             ["reason"], registry=r)
+        self.admission_waiting = Gauge(
+            "retrieval_admission_queue_depth",
+            "Attempts waiting for a running slot (max_running_attempts; 0 without it)", registry=r)
+        self.admission_wait = Histogram(
+            "retrieval_admission_wait_seconds",
+            "Time an admitted attempt waited for a running slot (only with max_running_attempts)",
+            buckets=LAG_BUCKETS, registry=r)
         self.queue_depth = Gauge(
             "retrieval_model_queue_depth", "Requests waiting in a model's micro-batch queue", ["model"], registry=r)
         self.batch_size = Histogram(
@@ -97,6 +104,9 @@ class ServiceMetrics:
         self.attempt_seconds.labels(outcome.value).observe(total_s)
         for leg in legs:
             self.leg_seconds.labels(leg.kind.value, leg.status.value).observe(leg.latency_ms / 1000)
+
+    def watch_admission_queue(self, depth: Callable[[], float]) -> None:
+        self.admission_waiting.set_function(depth)
 
     def watch_queue(self, model: str, depth: Callable[[], float]) -> None:
         self.queue_depth.labels(model).set_function(depth)

@@ -110,6 +110,40 @@ async def test_shed_requests_are_counted(start_server) -> None:
     assert attempts == sum(v for k, v in got.items() if k != "RESOURCE_EXHAUSTED")
 
 
+async def test_a_running_limit_queues_then_sheds_on_waiting_time(start_server) -> None:
+    """max_running_attempts = 1: a burst waits for the one slot (the wait is in the
+    x-timing-admission-ms trailer); waits past the admission interval are shed with
+    RESOURCE_EXHAUSTED and counted as queue_delay, never recorded as attempts."""
+    live = await start_server(metrics_listen="127.0.0.1:0", max_running_attempts=1,
+                              admission_target_ms=2, admission_interval_ms=300,
+                              max_inflight_attempts=128)
+    url = f"http://127.0.0.1:{live.server.metrics_port}/metrics"
+    waits: list[float] = []
+
+    async def one(q: str) -> str:
+        call = live.retrieval.Retrieve(retrieval_pb2.RetrieveRequest(query=q, top_k=3), timeout=10)
+        try:
+            events = [ev async for ev in call]
+        except grpc.aio.AioRpcError as err:
+            assert err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or "waited" in (err.details() or "")
+            return err.code().name
+        waits.append(float(dict(await call.trailing_metadata())["x-timing-admission-ms"]))
+        return _outcome(events)
+
+    # 96 distinct queries at once (no query-embedding cache hits): on any machine more than
+    # one runs within the 300 ms interval, and fewer than all of them.
+    got = Counter(await asyncio.gather(*(one(f"{q} {i}") for i, q in enumerate(QUERIES * 24))))
+    assert got["RESOURCE_EXHAUSTED"] > 0 and got["EVIDENCE_FOUND"] > 0, got
+    assert max(waits) > 0, waits  # someone waited for the slot and then ran
+    after = await asyncio.to_thread(scrape, url)
+    assert by_label(after, "retrieval_shed_total", "reason") == {"queue_delay": got["RESOURCE_EXHAUSTED"]}
+    attempts = sum(by_label(after, "retrieval_attempts_total", "outcome").values())
+    assert attempts == sum(v for k, v in got.items() if k != "RESOURCE_EXHAUSTED")
+    assert live.server.admission.queue is not None
+    assert live.server.admission.queue.running == 0 and live.server.admission.inflight == 0
+    assert after[("retrieval_admission_queue_depth", ())] == 0
+
+
 async def test_json_logs_carry_the_attempt_id(demo) -> None:
     records: list[str] = []
 

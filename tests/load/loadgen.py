@@ -58,6 +58,12 @@ class RunStats:
     def throughput(self) -> float:
         return self.requests / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
+    @property
+    def goodput(self) -> float:
+        """Requests per second that were admitted (anything but RESOURCE_EXHAUSTED)."""
+        admitted = self.requests - self.outcomes["RESOURCE_EXHAUSTED"]
+        return admitted / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
     def p(self, q: float) -> float:
         return percentile(self.latencies_ms, q)
 
@@ -78,7 +84,7 @@ class RunStats:
 
     def summary(self) -> dict[str, Any]:
         out = {k: v for k, v in asdict(self).items() if k not in ("latencies_ms", "_order", "outcomes")}
-        out.update(throughput=round(self.throughput, 2), p50_ms=round(self.p(50), 2), p95_ms=round(self.p(95), 2),
+        out.update(throughput=round(self.throughput, 2), goodput=round(self.goodput, 2), p50_ms=round(self.p(50), 2), p95_ms=round(self.p(95), 2),
                    p99_ms=round(self.p(99), 2), cpu_ms_per_query=round(self.cpu_ms_per_query, 2),
                    outcomes=dict(self.outcomes))
         return out

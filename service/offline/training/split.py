@@ -295,6 +295,15 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     layout = SplitLayout(**meta["layout"])
     states = load_cache(args.cache, list(pack.langs))
     src = _e5_source()
+    if args.init_upper == "adapted":
+        # Start the joint layers from the domain-adapted embedder's upper layers: the untrained
+        # model then ranks like the adapted dense leg it reranks, instead of the wheel's.
+        from service.offline.builder.e5 import apply_upper_delta, upper_delta_path
+
+        delta = upper_delta_path()
+        if delta is None:
+            raise SystemExit("--init-upper adapted: no committed upper_delta.npz")
+        src = apply_upper_delta(src, delta)
     model = make_upper(src, layout, args.upper, args.dropout, args.cross_bias_init, args.head_scale)
     groups_per_step = args.batch_groups
     rng = np.random.default_rng(args.seed)
@@ -432,6 +441,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--cross-bias-init", type=float, default=-6.0)
     p.add_argument("--head-scale", type=float, default=20.0)
+    p.add_argument("--init-upper", choices=["wheel", "adapted"], default="wheel",
+                   help="joint layers start from the wheel's e5 layers or the domain-adapted embedder's")
     p.add_argument("--eval-every", type=int, default=600)
     p.add_argument("--eval-start", action="store_true")
     p.add_argument("--eval-questions", type=int, default=100)

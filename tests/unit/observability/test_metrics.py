@@ -33,6 +33,8 @@ def exercised() -> ServiceMetrics:
     m.ingested("invalid", 0)
     m.states_write_back.labels("written").inc(3)
     m.ingest_held_back.inc(0.5)
+    m.watch_admission_queue(lambda: 2.0)
+    m.admission_wait.observe(0.004)
     return m
 
 
@@ -45,6 +47,8 @@ def test_exposition_counts() -> None:
     assert samples[("retrieval_model_dropped_items_total", (("model", "rerank"), ("reason", "deadline")))] == 2
     assert samples[("retrieval_ingest_chunks_total", ())] == 5
     assert samples[("retrieval_ingest_errors_total", (("reason", "invalid"),))] == 1
+    assert samples[("retrieval_admission_queue_depth", ())] == 2
+    assert samples[("retrieval_admission_wait_seconds_count", ())] == 1
 
 
 def test_dashboard_is_valid_and_every_panel_metric_exists() -> None:

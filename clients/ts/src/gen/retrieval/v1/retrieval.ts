@@ -3717,14 +3717,16 @@ export const AttemptRecord: MessageFns<AttemptRecord> = {
  *   INVALID_ARGUMENT    a field is malformed; google.rpc.BadRequest field violations in
  *                       the `grpc-status-details-bin` trailer name each field.
  *   RESOURCE_EXHAUSTED  the server is overloaded (too many attempts in flight, model
- *                       queues nearly full) or the caller's principal is over its rate
+ *                       queues nearly full, or, with a running limit, the attempt waited
+ *                       past the admission target for a slot) or the caller's principal is over its rate
  *                       limit or concurrency quota (every RPC of every service counts
  *                       against the principal's rate); the `retry-after-ms` trailer and a
  *                       google.rpc.RetryInfo say when to retry. Not recorded as an
  *                       attempt: nothing reached the policy checks.
  *   UNAVAILABLE         the server is shutting down.
- * Every response carries trailing metadata `x-attempt-id`, `x-timing-queue-ms`,
- * `x-timing-tokenize-ms`, `x-timing-inference-ms` and `x-timing-total-ms`.
+ * Every response carries trailing metadata `x-attempt-id`, `x-timing-admission-ms` (the
+ * wait for a running slot), `x-timing-queue-ms`, `x-timing-tokenize-ms`,
+ * `x-timing-inference-ms` and `x-timing-total-ms`.
  */
 export type RetrievalServiceService = typeof RetrievalServiceService;
 export const RetrievalServiceService = {
