@@ -28,7 +28,8 @@ def build_all(out_dir: Path | None = None, force: bool = False, bge: bool = Fals
     carded bge embedders from their Maven jars (skipped without the jar and mvn). bge is
     opt-in: nothing serves it by default (it won on valid only fused with e5, a leg the
     pipeline does not have yet), so a fresh install does not fetch it. With ``adapted``, also
-    the InsuranceQA-adapted e5 (int8; opt-in, see ``e5.build_e5``). Returns the model dirs.
+    the InsuranceQA-adapted e5 (int8; opt-in, see ``e5.build_e5``) and the reranker trained
+    against it (an artifact whose card says ``"opt_in": "adapted"``). Returns the model dirs.
 
     An exclusive lock on ``out_dir/.build.lock`` lets parallel test sessions or CI jobs
     share one cache dir: the second waits, then finds the models current and skips."""
@@ -39,7 +40,7 @@ def build_all(out_dir: Path | None = None, force: bool = False, bge: bool = Fals
         dirs = build_e5(out, force=force)
         for d in dirs:
             install_calibration(d, d.name)
-        return (dirs + build_reranker(out, force=force, log=_stderr)
+        return (dirs + build_reranker(out, force=force, log=_stderr, adapted=adapted)
                 + (build_shipped_bge(out, force=force) if bge else [])
                 + (build_e5(out, ("int8",), force=force, adapted=True) if adapted else []))
 

@@ -78,3 +78,20 @@ def test_the_shipped_artifact_is_complete_and_small() -> None:
         assert "GPL-3.0" in card["training"]["data_licence"]
         gate = json.loads((art / GATE_FILE).read_text())
         assert gate["passed"] and gate["onnx_sha256"] == card["builds"]["int8"]["onnx_sha256"]
+
+
+def test_an_artifact_trained_against_the_adapted_embedder_builds_only_with_it(tmp_path: Path, monkeypatch) -> None:
+    from service.offline.builder import reranker
+
+    for name, card in (("plain", {"builds": {"int8": {}}}), ("paired", {"builds": {"int8": {}}, "opt_in": "adapted"})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / CARD_FILE).write_text(json.dumps(card))
+        (tmp_path / name / DELTA_FILE).write_bytes(b"")
+    built: list[str] = []
+    monkeypatch.setattr(reranker, "ARTIFACTS", tmp_path)
+    monkeypatch.setattr(reranker, "assemble", lambda src, out, precision, **_: built.append(src.name) or out / src.name)
+    reranker.build_reranker(tmp_path / "models", log=lambda _: None)
+    assert built == ["plain"]
+    built.clear()
+    reranker.build_reranker(tmp_path / "models", log=lambda _: None, adapted=True)
+    assert built == ["paired", "plain"]
