@@ -30,12 +30,12 @@ class Admission:
         self._idle = asyncio.Event()
         self._idle.set()
         cfg = app.cfg
-        self.queue = AttemptQueue(
-            cfg.max_running_attempts, cfg.admission_target_ms / 1000, cfg.admission_interval_ms / 1000,
-            on_shed=app.metrics.shed.labels("queue_delay").inc,
-        ) if cfg.max_running_attempts > 0 else None
-        if self.queue is not None:
-            app.metrics.watch_admission_queue(lambda: self.queue.waiting if self.queue else 0)
+        self.queue: AttemptQueue | None = None
+        if cfg.max_running_attempts > 0:
+            queue = self.queue = AttemptQueue(
+                cfg.max_running_attempts, cfg.admission_target_ms / 1000, cfg.admission_interval_ms / 1000,
+                on_shed=app.metrics.shed.labels("queue_delay").inc)
+            app.metrics.watch_admission_queue(lambda: queue.waiting)
 
     def refuse_if_draining(self) -> None:
         if self.draining:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import resource
 import statistics
@@ -34,7 +33,7 @@ from typing import Any
 import grpc
 
 from tests.load.bench import Proc, demo_set, ingest, insuranceqa_set
-from tests.load.loadgen import closed_loop, grpc_call, percentile
+from tests.load.loadgen import closed_loop, grpc_call, open_loop
 from tests.support.tcp_proxy import free_port
 
 
@@ -61,27 +60,6 @@ def _cpu_self() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-async def open_loop_timed(call: Any, queries: list[str], rate: float, duration_s: float) -> list[tuple[float, float, str]]:
-    """(arrival offset s, latency ms, outcome) per request, arrivals on a fixed schedule."""
-    rows: list[tuple[float, float, str]] = []
-    source = itertools.cycle(queries)
-
-    async def one(query: str, offset: float) -> None:
-        t0 = time.perf_counter()
-        outcome = await call(query)
-        rows.append((offset, (time.perf_counter() - t0) * 1000, outcome))
-
-    tasks = []
-    started = time.monotonic()
-    for i in range(int(rate * duration_s)):
-        delay = started + i / rate - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.ensure_future(one(next(source), i / rate)))
-    await asyncio.gather(*tasks)
-    return rows
-
-
 async def measure(proc: Proc, target: str, queries: list[str], args: argparse.Namespace) -> dict[str, Any]:
     async with grpc.aio.insecure_channel(target) as channel:
         call = grpc_call(channel, "retrieve", rerank=args.rerank, timeout_s=args.timeout)
@@ -92,27 +70,24 @@ async def measure(proc: Proc, target: str, queries: list[str], args: argparse.Na
             goodputs[c] = (await closed_loop(call, queries, c, duration_s=args.duration)).goodput
         sustainable = max(goodputs.values())
         rate = args.factor * sustainable
-        cpu0, me0, t0 = proc.cpu_s(), _cpu_self(), time.monotonic()
-        rows = await open_loop_timed(call, queries, rate, args.duration)
-        elapsed = time.monotonic() - t0
+        cpu0, me0 = proc.cpu_s(), _cpu_self()
+        over = await open_loop(call, queries, rate, args.duration)
         cpu, me = proc.cpu_s() - cpu0, _cpu_self() - me0
-    admitted = [(t, lat) for t, lat, o in rows if o != "RESOURCE_EXHAUSTED"]
-    lat = [x for _, x in admitted]
-    steady = [x for t, x in admitted if t >= 1.0]
     ref = unloaded.p(99)
+    p99, steady_p99 = over.admitted_p(99), over.admitted_p(99, since_s=1.0)
     return {
         "unloaded_p50_ms": round(unloaded.p(50), 1), "unloaded_p99_ms": round(ref, 1),
         "goodput_by_level": {c: round(g, 1) for c, g in goodputs.items()}, "sustainable": round(sustainable, 1),
-        "offered": round(rate, 1), "shed_rate": round(1 - len(admitted) / max(1, len(rows)), 3),
-        "goodput": round(len(admitted) / elapsed, 1),
-        "admitted_p50_ms": round(percentile(lat, 50), 1) if lat else 0.0,
-        "admitted_p99_ms": round(percentile(lat, 99), 1) if lat else 0.0,
-        "steady_p99_ms": round(percentile(steady, 99), 1) if steady else 0.0,
-        "p99_vs_unloaded": round(percentile(lat, 99) / ref, 2) if lat and ref else 0.0,
-        "steady_p99_vs_unloaded": round(percentile(steady, 99) / ref, 2) if steady and ref else 0.0,
-        "server_cpu_ms_per_request": round(1000 * cpu / max(1, len(rows)), 2),
-        "generator_cpu_share": round(me / elapsed, 2),
-        "outcomes": dict(sorted({o: sum(1 for r in rows if r[2] == o) for o in {r[2] for r in rows}}.items())),
+        "offered": round(rate, 1), "shed_rate": round(over.outcomes["RESOURCE_EXHAUSTED"] / max(1, over.requests), 3),
+        "goodput": round(over.goodput, 1),
+        "admitted_p50_ms": round(over.admitted_p(50), 1),
+        "admitted_p99_ms": round(p99, 1),
+        "steady_p99_ms": round(steady_p99, 1),
+        "p99_vs_unloaded": round(p99 / ref, 2) if ref else 0.0,
+        "steady_p99_vs_unloaded": round(steady_p99 / ref, 2) if ref else 0.0,
+        "server_cpu_ms_per_request": round(1000 * cpu / max(1, over.requests), 2),
+        "generator_cpu_share": round(me / over.elapsed_s, 2) if over.elapsed_s else 0.0,
+        "outcomes": dict(sorted(over.outcomes.items())),
     }
 
 

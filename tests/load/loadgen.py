@@ -67,15 +67,20 @@ class RunStats:
     def p(self, q: float) -> float:
         return percentile(self.latencies_ms, q)
 
-    def admitted_p(self, q: float) -> float:
-        return percentile([lat for lat, o in zip(self.latencies_ms, self._order) if o != "RESOURCE_EXHAUSTED"], q)
+    def admitted_p(self, q: float, since_s: float = 0.0) -> float:
+        """Percentile of the admitted requests' latencies; with ``since_s`` (open loop), only
+        those that arrived that long after the run began."""
+        return percentile([lat for lat, o, t in zip(self.latencies_ms, self._order, self._arrivals)
+                           if o != "RESOURCE_EXHAUSTED" and t >= since_s], q)
 
     _order: list[str] = field(default_factory=list, repr=False)
+    _arrivals: list[float] = field(default_factory=list, repr=False)  # seconds after the run began (open loop)
 
-    def record(self, latency_ms: float, outcome: str) -> None:
+    def record(self, latency_ms: float, outcome: str, arrival_s: float = 0.0) -> None:
         self.requests += 1
         self.latencies_ms.append(latency_ms)
         self._order.append(outcome)
+        self._arrivals.append(arrival_s)
         self.outcomes[outcome] += 1
 
     @property
@@ -83,7 +88,7 @@ class RunStats:
         return 1000 * self.cpu_s / self.requests if self.requests else 0.0
 
     def summary(self) -> dict[str, Any]:
-        out = {k: v for k, v in asdict(self).items() if k not in ("latencies_ms", "_order", "outcomes")}
+        out = {k: v for k, v in asdict(self).items() if k not in ("latencies_ms", "_order", "_arrivals", "outcomes")}
         out.update(throughput=round(self.throughput, 2), goodput=round(self.goodput, 2), p50_ms=round(self.p(50), 2), p95_ms=round(self.p(95), 2),
                    p99_ms=round(self.p(99), 2), cpu_ms_per_query=round(self.cpu_ms_per_query, 2),
                    outcomes=dict(self.outcomes))
@@ -122,10 +127,10 @@ async def open_loop(call: Call, queries: Sequence[str], rate: float, duration_s:
     source = itertools.cycle(queries)
     tasks: list[asyncio.Task[None]] = []
 
-    async def one(query: str) -> None:
+    async def one(query: str, arrival_s: float) -> None:
         t0 = time.perf_counter()
         outcome = await call(query)
-        stats.record((time.perf_counter() - t0) * 1000, outcome)
+        stats.record((time.perf_counter() - t0) * 1000, outcome, arrival_s)
 
     started = time.monotonic()
     n = int(rate * duration_s)
@@ -133,7 +138,7 @@ async def open_loop(call: Call, queries: Sequence[str], rate: float, duration_s:
         delay = started + i / rate - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.ensure_future(one(next(source))))
+        tasks.append(asyncio.ensure_future(one(next(source), i / rate)))
     await asyncio.gather(*tasks)
     stats.elapsed_s = time.monotonic() - started
     return stats
