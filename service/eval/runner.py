@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 # document collections, per-collection top_k, rerank as planned), with its context count
 # and budget lifted to top_k so the ranking compares with the other modes at equal length.
 MODES = ("bm25", "knn", "hybrid", "hybrid+rerank", "plan")
-MODELS = {"int8": "multilingual-e5-small-int8", "fp32": "multilingual-e5-small-fp32"}
+MODELS = {"int8": "multilingual-e5-small-int8", "fp32": "multilingual-e5-small-fp32", "iqa": "multilingual-e5-small-iqa-int8"}
 TOP_K = 100
 # Requests ask for everything: no context budget cut (the default 6000 chars would return
 # only a handful of answers).

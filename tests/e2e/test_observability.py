@@ -14,7 +14,7 @@ import pytest
 
 from service._gen.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc, types_pb2
 from service.observability.logs import ATTEMPT_LOGGER, JsonFormatter
-from tests.support.harness import result_of
+from tests.support.harness import DEFAULT_EMBEDDER, result_of
 from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.scrape import by_label, scrape
 
@@ -79,15 +79,15 @@ async def test_metrics_count_what_callers_saw_and_traces_reach_otlp(receiver: Ot
     assert await asyncio.to_thread(live.app.tracer.flush)
     spans = await asyncio.to_thread(receiver.trace_of, attempt_id)
     by_name = {s.name: s for s in spans}
-    assert {"attempt", "leg BM25", "leg KNN", "model multilingual-e5-small-int8", "engine embedded"} <= set(by_name), sorted(by_name)
+    assert {"attempt", "leg BM25", "leg KNN", f"model {DEFAULT_EMBEDDER}", "engine embedded"} <= set(by_name), sorted(by_name)
     root = by_name["attempt"]
     assert root.parent_span_id == "" and root.attributes["retrieval.outcome"] == "EVIDENCE_FOUND"
     assert root.resource["service.name"] == "retrieval-service"
     for leg in ("leg BM25", "leg KNN"):
         assert by_name[leg].parent_span_id == root.span_id
         assert root.start_ns <= by_name[leg].start_ns <= by_name[leg].end_ns <= root.end_ns
-    assert by_name["model multilingual-e5-small-int8"].parent_span_id == by_name["leg KNN"].span_id
-    assert by_name["model multilingual-e5-small-int8"].attributes["retrieval.model.inference_ms"] > 0
+    assert by_name[f"model {DEFAULT_EMBEDDER}"].parent_span_id == by_name["leg KNN"].span_id
+    assert by_name[f"model {DEFAULT_EMBEDDER}"].attributes["retrieval.model.inference_ms"] > 0
     engine_parents = {s.parent_span_id for s in spans if s.name == "engine embedded"}
     assert engine_parents == {by_name["leg BM25"].span_id, by_name["leg KNN"].span_id}
 

@@ -19,6 +19,7 @@ from grpc_status import rpc_status
 from google.rpc import error_details_pb2
 
 from service._gen.retrieval.v1 import plan_pb2, retrieval_pb2, types_pb2
+from service.app import DEFAULT_RERANKER
 from service.config import Config
 from service.models.base import EmbeddingBackend
 from service.offline.builder import default_models_dir
@@ -26,7 +27,7 @@ from tests.support.harness import Live, evidence_of, launch, result_of, shutdown
 
 pytestmark = pytest.mark.slow
 
-RERANKER = "e5-small-split-reranker-int8"
+RERANKER = DEFAULT_RERANKER  # the default pair's reranker
 FAQ = plan_pb2.IntentSignals(intent=plan_pb2.INTENT_FAQ_QUERY, confidence=0.9)
 KNOWLEDGE = plan_pb2.IntentSignals(intent=plan_pb2.INTENT_KNOWLEDGE_QUERY, confidence=0.9)
 FOLLOW_UP = plan_pb2.IntentSignals(intent=plan_pb2.INTENT_FOLLOW_UP, confidence=0.9)

@@ -12,13 +12,13 @@ from service._gen.retrieval.v1 import corpus_pb2, retrieval_pb2, types_pb2
 from service.offline.builder import default_models_dir
 from service.offline.builder.tiny_cross_encoder import build_tiny_cross_encoder
 from service.models.onnx_cross_encoder import load_cross_encoder
-from tests.support.harness import E5_INT8, StartServer, demo_documents, evidence_of, result_of
+from tests.support.harness import DEFAULT_EMBEDDER, StartServer, demo_documents, evidence_of, result_of
 
 pytestmark = pytest.mark.slow
 
 
 async def test_rerank_leg_runs_a_real_onnx_cross_encoder(start_server: StartServer, tmp_path: Path) -> None:
-    model = build_tiny_cross_encoder(tmp_path / "ce", default_models_dir() / E5_INT8 / "tokenizer.json")
+    model = build_tiny_cross_encoder(tmp_path / "ce", default_models_dir() / DEFAULT_EMBEDDER / "tokenizer.json")
     live = await start_server(reranker=load_cross_encoder(model, threads=1))
     events = await live.retrieve(query="reset password", top_k=5)
     result = result_of(events)

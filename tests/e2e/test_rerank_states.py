@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from service._gen.retrieval.v1 import retrieval_pb2
+from service.app import DEFAULT_RERANKER
 from service.engines.base import Engine
 from service.engines.embedded import EmbeddedEngine
 from service.models.onnx_cross_encoder import OnnxCrossEncoder
@@ -15,7 +16,7 @@ from tests.support.harness import StartServer, evidence_of, result_of
 
 pytestmark = pytest.mark.slow
 
-RERANKER = "e5-small-split-reranker-int8"
+RERANKER = DEFAULT_RERANKER  # the default pair's reranker
 NOISE = 0.5  # logits; measured on these queries: largest move 0.36, largest swap 0.42
 QUERIES = ["reset password", "how do I get a refund for an invoice", "orion-pager escalation", "如何重置密码"]
 

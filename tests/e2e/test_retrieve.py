@@ -15,7 +15,7 @@ from grpc_status import rpc_status
 
 from service._gen.retrieval.v1 import corpus_pb2, retrieval_pb2, types_pb2
 from tests.support import demo_expectations as expect
-from tests.support.harness import Live, evidence_of, legs_of, result_of
+from tests.support.harness import DEFAULT_EMBEDDER, Live, evidence_of, legs_of, result_of
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +53,7 @@ async def test_stream_shape_legs_then_evidence_then_exactly_one_result(demo: Liv
     assert rerank.detail == "no reranker model configured"
     assert not result.degraded
     assert result.engine == "embedded"
-    assert result.model_ids and result.model_ids[0].startswith("multilingual-e5-small-int8@")
+    assert result.model_ids and result.model_ids[0].startswith(f"{DEFAULT_EMBEDDER}@")
     knn = next(leg for leg in result.legs if leg.kind == types_pb2.LEG_KIND_KNN)
     assert knn.timing.inference_ms > 0
     fused = [e.fused_score for e in items]

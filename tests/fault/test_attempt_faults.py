@@ -20,7 +20,7 @@ from service._gen.retrieval.v1 import retrieval_pb2, types_pb2
 from service.offline.builder.tiny_cross_encoder import build_tiny_cross_encoder
 from service.models.onnx_cross_encoder import load_cross_encoder
 from tests.support.timing import assert_within
-from tests.support.harness import E5_INT8, StartServer, evidence_of, legs_of, result_of
+from tests.support.harness import DEFAULT_EMBEDDER, StartServer, evidence_of, legs_of, result_of
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow]
 
@@ -158,7 +158,7 @@ async def test_overload_is_resource_exhausted_with_a_retry_delay(start_server: S
 def tiny_reranker(tmp_path: Path):  # type: ignore[no-untyped-def]
     from service.offline.builder import default_models_dir
 
-    out = build_tiny_cross_encoder(tmp_path / "tiny-ce", default_models_dir() / E5_INT8 / "tokenizer.json")
+    out = build_tiny_cross_encoder(tmp_path / "tiny-ce", default_models_dir() / DEFAULT_EMBEDDER / "tokenizer.json")
     return load_cross_encoder(out, threads=1)
 
 

@@ -13,6 +13,7 @@ import pytest
 from opensearchpy import AsyncOpenSearch
 
 from service._gen.retrieval.v1 import corpus_pb2, types_pb2
+from service.app import DEFAULT_RERANKER
 from service.config import Config
 from service.engines.base import make_chunk_id
 from service.engines.opensearch import mapping
@@ -30,7 +31,7 @@ pytestmark = pytest.mark.integration
 async def test_service_stores_states_and_reingest_replaces_them(request: pytest.FixtureRequest, tmp_path: Path,
                                                                e5_embedder: EmbeddingBackend) -> None:
     url = opensearch_url_or_skip()
-    model_dir = default_models_dir() / "e5-small-split-reranker-int8"
+    model_dir = default_models_dir() / DEFAULT_RERANKER
     if not (model_dir / "lower.onnx").is_file():
         pytest.skip(f"{model_dir} has no two-graph layout: run `make models`")
     reranker = OnnxCrossEncoder(model_dir)

@@ -20,14 +20,15 @@ from service.models.base import CrossEncoderBackend, EmbeddingBackend
 from service.offline.builder import build_all, default_models_dir
 from service.models.onnx_embedder import load_embedder
 
-E5_INT8 = "multilingual-e5-small-int8"
+# The default embedder: what a fresh install serves.
+DEFAULT_EMBEDDER = Config().embedding_model
 
 
 @pytest.fixture(scope="session")
 def e5_embedder() -> EmbeddingBackend:
     models = default_models_dir()
     build_all(models)  # no-op when current; `make test` builds them first
-    return load_embedder(models / E5_INT8, threads=1)
+    return load_embedder(models / DEFAULT_EMBEDDER, threads=1)
 
 
 def demo_documents() -> list[corpus_pb2.Document]:

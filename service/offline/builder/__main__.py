@@ -17,11 +17,9 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument("--force", action="store_true", help="rebuild even if the manifests are current")
     build.add_argument("--bge", action="store_true",
                        help="also build the carded bge-small embedders from their Maven jars (opt-in)")
-    build.add_argument("--adapted", action="store_true",
-                       help="also build multilingual-e5-small-iqa-int8, the InsuranceQA-adapted embedder (opt-in)")
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
-    for path in build_all(args.out, force=args.force, bge=args.bge, adapted=args.adapted):
+    for path in build_all(args.out, force=args.force, bge=args.bge):
         print(path)
     print(f"done in {time.perf_counter() - t0:.1f}s")
     return 0

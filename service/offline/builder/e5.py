@@ -3,7 +3,7 @@
 dequantised, written as a BERT graph, fused by onnxruntime's transformer optimizer and,
 for int8, dynamically quantised per channel (per-tensor int8 drifts badly on this model).
 
-With ``adapted`` (opt-in: ``models build --adapted``), it also builds
+With ``adapted`` (``build_all`` builds int8; opt-in to serve), it builds
 ``multilingual-e5-small-iqa-<precision>``: the same model with the upper layers that
 ``offline/training/embedder_adapt.py`` fine-tuned on InsuranceQA train swapped in from the
 committed ``artifacts/multilingual-e5-small-iqa/upper_delta.npz``. The lower layers stay the

@@ -224,15 +224,10 @@ def install_calibration(model_dir: Path, name: str, log: Log = print) -> None:
         target.unlink()
 
 
-def build_reranker(out_dir: Path, force: bool = False, log: Log = print, adapted: bool = False) -> list[Path]:
-    """The shipped reranker(s): every artifact dir with a card and a delta; one whose card
-    says ``"opt_in": "adapted"`` (trained against the adapted embedder, served with it) only
-    with ``adapted``, like that embedder."""
+def build_reranker(out_dir: Path, force: bool = False, log: Log = print) -> list[Path]:
+    """The shipped rerankers: every artifact dir with a card and a delta."""
     built = []
     for src_dir in sorted(p for p in ARTIFACTS.iterdir() if (p / CARD_FILE).is_file() and (p / DELTA_FILE).is_file()):
-        card = read_card(src_dir)
-        if card.get("opt_in") == "adapted" and not adapted:
-            continue
-        for precision in card.get("builds", {}):
+        for precision in read_card(src_dir).get("builds", {}):
             built.append(assemble(src_dir, out_dir, precision, force=force, log=log))
     return built

@@ -75,3 +75,24 @@ def test_auto_uses_a_passing_model_with_its_tuned_alpha(models: Path, e5_fp32_di
     assert resolve_reranker(_cfg(models, alpha=0.25)).alpha == 0.25  # config wins when set
     shutil.rmtree(d)
     assert resolve_reranker(_cfg(models)).backend is None
+
+
+def test_auto_picks_the_reranker_trained_against_the_served_embedder(models: Path, e5_fp32_dir: Path) -> None:
+    """The adapted embedder's pair is its own reranker (negatives mined with it, calibration
+    reading its cosine); the wheel's e5, or any other embedder, gets DEFAULT_RERANKER."""
+    from service.app import PAIRED_RERANKERS
+
+    adapted = "multilingual-e5-small-iqa-int8"
+    paired = PAIRED_RERANKERS[adapted]
+    assert paired != DEFAULT_RERANKER and PAIRED_RERANKERS["multilingual-e5-small-int8"] == DEFAULT_RERANKER
+    d = build_tiny_split_cross_encoder(models / paired, e5_fp32_dir / TOKENIZER_FILE)
+    _gate(d, en=(0.40, 0.45), zh=(0.28, 0.33))
+    cfg = dataclasses.replace(_cfg(models), embedding_model=adapted)
+    choice = resolve_reranker(cfg)
+    assert choice.backend is not None and choice.model_dir == d
+    # The wheel's e5 does not borrow it: its own reranker is not built here.
+    choice = resolve_reranker(_cfg(models))
+    assert choice.backend is None and f"default reranker {DEFAULT_RERANKER} is not built" in choice.reason
+    shutil.rmtree(d)
+    choice = resolve_reranker(cfg)
+    assert choice.backend is None and f"default reranker {paired} is not built" in choice.reason

