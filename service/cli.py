@@ -338,10 +338,12 @@ def cmd_train_reranker(args: argparse.Namespace) -> int:
     if args.arch == "split":
         from service.offline.training.pipeline import run_split_pipeline
 
+        mine_with = Path(args.mine_with) if args.mine_with else models_dir / "multilingual-e5-small-iqa-int8"
         run_split_pipeline(pack=Path(args.pack), cache=Path(args.cache), work=Path(args.work), models_dir=models_dir,
-                           name=args.name or "e5-small-split-reranker", langs=args.langs, minutes=args.minutes or 25.0,
+                           name=args.name or "e5-small-split-reranker", langs=args.langs, minutes=args.minutes or 30.0,
                            resume=args.resume, repack=args.repack,
-                           artifact=Path(args.artifact) if args.artifact else None)
+                           artifact=Path(args.artifact) if args.artifact else None,
+                           lower=args.lower, upper=args.upper, init_upper=args.init_upper, mine_with=mine_with)
         return 0
     run_pipeline(pack=Path(args.pack), work=Path(args.work), models_dir=models_dir,
                  name=args.name or "e5-small-reranker", langs=args.langs, device=args.device, minutes=args.minutes,
@@ -450,6 +452,12 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--langs", default="en,zh")
     t.add_argument("--device", default=None)
     t.add_argument("--minutes", type=float, default=None, help="training wall-clock budget")
+    t.add_argument("--lower", type=int, default=9, help="split: frozen lower e5 layers (the shipped reranker: 9)")
+    t.add_argument("--upper", type=int, default=3, help="split: trained joint layers (the shipped reranker: 3)")
+    t.add_argument("--init-upper", choices=["wheel", "adapted"], default="adapted",
+                   help="split: start the joint layers from the wheel's e5 or the InsuranceQA-adapted one's")
+    t.add_argument("--mine-with", default=None, help="split: embedding model dir whose dense leg mines the pack's "
+                   "negatives (default: the models dir's multilingual-e5-small-iqa-int8, as the shipped reranker)")
     t.add_argument("--layers", type=int, default=12)
     t.add_argument("--max-len", type=int, default=256)
     t.add_argument("--epochs", type=float, default=3.0)

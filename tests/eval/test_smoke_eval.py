@@ -89,10 +89,11 @@ async def test_each_stage_earns_its_place(judged, tmp_path: Path) -> None:  # ty
 # reranker trained on train), corpus = judged answers + 10 shipped negatives each + random
 # answers up to 1,000 documents.
 RERANK_QUESTIONS = 40
-# Measured with the shipped e5-small-split-reranker-int8 (gate alpha 0.5), nDCG@10:
-RERANK_MEASURED = {"en": {"hybrid": 0.6505, "hybrid+rerank": 0.6995},
-                   "zh": {"hybrid": 0.5603, "hybrid+rerank": 0.6073}}
-# Rerank must add at least this over hybrid (measured +0.049 en, +0.047 zh).
+# Measured with the shipped e5-small-split-reranker-int8 (3 joint layers, gate alpha 0.7),
+# nDCG@10 (the first version, 2 joint layers at alpha 0.5: en 0.6505 / 0.6995, zh 0.5603 / 0.6073):
+RERANK_MEASURED = {"en": {"hybrid": 0.6507, "hybrid+rerank": 0.6872},
+                   "zh": {"hybrid": 0.5531, "hybrid+rerank": 0.6267}}
+# Rerank must add at least this over hybrid (measured +0.036 en, +0.074 zh).
 RERANK_MARGIN = 0.02
 
 

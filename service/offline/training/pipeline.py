@@ -39,23 +39,29 @@ def run_pipeline(*, pack: Path, work: Path, models_dir: Path, name: str, langs: 
 
 
 def run_split_pipeline(*, pack: Path, cache: Path, work: Path, models_dir: Path, name: str, langs: str = "en,zh",
-                       minutes: float = 25.0, resume: bool = False, repack: bool = False, seed: int = 0,
+                       minutes: float = 30.0, resume: bool = False, repack: bool = False, seed: int = 0,
                        train_questions: int | None = 6000, artifact: Path | None = None,
+                       lower: int = 9, upper: int = 3, init_upper: str = "adapted", mine_with: Path | None = None,
                        extra: list[str] | None = None) -> dict[str, Any]:
-    """The CPU recipe of the shipped reranker: pack -> lower-layer state cache -> train the
-    split cross-encoder's upper part for ``minutes`` -> ship: the compact artifact (delta +
-    card) into ``artifact`` (default: the shipped one under service/offline/builder/artifacts,
-    which a commit then replaces) and ``NAME-int8`` assembled from it under ``models_dir``.
-    Gate and quality calibration come after, from ``service eval`` (README)."""
+    """The CPU recipe of the shipped reranker: pack (hard negatives mined with the dense leg
+    of ``mine_with``, an embedding model dir; the shipped one: the InsuranceQA-adapted e5)
+    -> the lower ``lower`` layers' state cache -> train the ``upper`` joint layers (initialised
+    from ``init_upper``'s e5 upper layers: ``wheel`` or ``adapted``) for ``minutes`` -> ship:
+    the compact artifact (delta + card) into ``artifact`` (default: the shipped one under
+    service/offline/builder/artifacts, which a commit then replaces) and ``NAME-int8``
+    assembled from it under ``models_dir``. Gate and quality calibration come after, from
+    ``service eval`` (README)."""
     from service.offline.builder.reranker import artifact_dir
     from service.offline.training.pack import MANIFEST_FILE, build_pack
     from service.offline.training.split import main as split_main
     from service.offline.training.split_export import ship
 
     if repack or not (pack / MANIFEST_FILE).is_file():
-        build_pack(pack, [s for s in langs.split(",") if s], seed=seed, train_questions=train_questions)
-    split_main(["cache", "--pack", str(pack), "--cache", str(cache), "--langs", langs])
+        build_pack(pack, [s for s in langs.split(",") if s], seed=seed, train_questions=train_questions,
+                   model_dir=mine_with)
+    split_main(["cache", "--pack", str(pack), "--cache", str(cache), "--langs", langs, "--lower", str(lower)])
     argv = ["train", "--pack", str(pack), "--cache", str(cache), "--out", str(work), "--langs", langs,
+            "--lower", str(lower), "--upper", str(upper), "--init-upper", init_upper,
             "--minutes", str(minutes), "--seed", str(seed), *(extra or [])]
     if resume:
         argv.append("--resume")
