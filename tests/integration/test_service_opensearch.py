@@ -76,7 +76,9 @@ async def test_english_and_chinese_queries_rank_the_expected_source_first(
 
 @pytest.mark.parametrize("query,version", expect.VERSION_CASES)
 async def test_version_sensitive_query_ranks_the_right_version_first(os_demo: Live, query: str, version: str) -> None:
-    events = await os_demo.retrieve(query=query, top_k=3)
+    # Ungated: this is about versions. With rerank on, "what is new in v2.4" sits under the
+    # default gate (reranker 0.045 < 0.08; README, "Relevance and quality", known limits).
+    events = await os_demo.retrieve(query=query, top_k=3, options=retrieval_pb2.RetrievalOptions(min_quality=1e-9))
     assert_opensearch(result_of(events))
     top = evidence_of(events)[0]
     assert (top.source_id, top.version) == ("release-notes", version)
