@@ -5,7 +5,9 @@ ingest have started every pool."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 
 from service._gen.retrieval.v1 import corpus_pb2, types_pb2
 from service.threads import thread_nice
@@ -25,6 +27,17 @@ def _nices_by_pool(before: set[int]) -> dict[str, set[int]]:
     return out
 
 
+async def _pools_started(before: set[int], pools: tuple[str, ...], timeout: float = 5.0) -> dict[str, set[int]]:
+    """``_nices_by_pool`` once every named pool has a thread: the ledger records an attempt
+    off the caller's path, so its worker may start just after the result reached us."""
+    deadline = time.monotonic() + timeout
+    nices = _nices_by_pool(before)
+    while not all(p in nices for p in pools) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        nices = _nices_by_pool(before)
+    return nices
+
+
 async def test_query_workers_run_below_the_event_loop_and_ingest_below_them(start_server: StartServer) -> None:
     loop_nice = thread_nice(threading.get_native_id())
     before = {t.ident for t in threading.enumerate() if t.ident is not None}
@@ -35,7 +48,7 @@ async def test_query_workers_run_below_the_event_loop_and_ingest_below_them(star
     assert summary.documents_indexed == 1
     result = result_of(await live.retrieve(query="home policy renewal", top_k=3))
     assert result.outcome == types_pb2.ATTEMPT_OUTCOME_EVIDENCE_FOUND
-    nices = _nices_by_pool(before)
+    nices = await _pools_started(before, ("model", "embedded", "ledger", "ingest-model", "embedded-writer"))
     assert nices["MainThread"] == {loop_nice}
     for pool in ("model", "embedded", "ledger"):
         assert nices.get(pool) == {min(19, loop_nice + 4)}, (pool, nices)
@@ -49,6 +62,6 @@ async def test_zero_worker_nice_leaves_query_workers_at_the_loops_priority(start
     live = await start_server(worker_nice=0, demo=False)
     result = result_of(await live.retrieve(query="anything at all", top_k=3))
     assert result.outcome == types_pb2.ATTEMPT_OUTCOME_EMPTY
-    nices = _nices_by_pool(before)
+    nices = await _pools_started(before, ("model", "embedded", "ledger"))
     for pool in ("model", "embedded", "ledger"):
         assert nices.get(pool) == {loop_nice}, (pool, nices)
