@@ -338,7 +338,9 @@ def cmd_train_reranker(args: argparse.Namespace) -> int:
     if args.arch == "split":
         from service.offline.training.pipeline import run_split_pipeline
 
-        mine_with = Path(args.mine_with) if args.mine_with else models_dir / "multilingual-e5-small-iqa-int8"
+        from service.offline.builder.e5 import model_id
+
+        mine_with = Path(args.mine_with) if args.mine_with else models_dir / model_id("int8", adapted=True)
         run_split_pipeline(pack=Path(args.pack), cache=Path(args.cache), work=Path(args.work), models_dir=models_dir,
                            name=args.name or "e5-small-split-reranker", langs=args.langs, minutes=args.minutes or 30.0,
                            resume=args.resume, repack=args.repack,
