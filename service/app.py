@@ -20,6 +20,7 @@ from service.models.runtime import ModelRuntime
 from service.observability.metrics import ServiceMetrics
 from service.observability.tracing import Tracer
 from service.pipeline.attempt import AttemptRunner
+from service.pipeline.head_order import HeadOrder, order_sha256, read_order
 from service.pipeline.quality import QualityModel, load_calibration
 from service.planning.rules import PlanRules, load_rules
 
@@ -73,6 +74,13 @@ class RerankerChoice:
     reason: str = ""  # why there is no backend (reported on every SKIPPED rerank leg)
     alpha: float = 1.0  # rerank weight in the final order (see ``Config.rerank_alpha``)
     model_dir: Path | None = None  # where its quality calibration lives (None: dummy/injected)
+    # How the reranked head is ordered: the reranker's shipped rerank_order.json unless
+    # ``rerank_alpha`` is set, else the alpha (pipeline/head_order.py).
+    order: HeadOrder | None = None
+
+    @property
+    def head_order(self) -> HeadOrder:
+        return self.order if self.order is not None else HeadOrder.from_alpha(self.alpha)
 
 
 def read_gate(model_dir: Path) -> dict[str, Any] | None:
@@ -83,13 +91,18 @@ def read_gate(model_dir: Path) -> dict[str, Any] | None:
     return gate
 
 
-def gate_failure(gate: dict[str, Any] | None, onnx_sha256: str) -> str:
+def gate_failure(gate: dict[str, Any] | None, onnx_sha256: str, head_order_sha256: str | None = None) -> str:
     """Empty when the gate file shows the model beating the tuned hybrid on the full valid
-    split in every required language, else why not."""
+    split in every required language, else why not. ``head_order_sha256``: the reranker's
+    shipped ``rerank_order.json``, which the gate must have measured (None: it ships none,
+    and the gate's alpha orders the head)."""
     if gate is None:
         return f"no {GATE_FILE} (run `python -m service eval --split valid --gate ...`)"
     if gate.get("onnx_sha256") != onnx_sha256:
         return f"{GATE_FILE} was measured on another build of the model"
+    if gate.get("head_order_sha256") != head_order_sha256:
+        return (f"{GATE_FILE} was measured with another rerank order than the model dir's "
+                f"(run the gate again without --rerank-alpha)")
     langs = gate.get("languages", {})
     for lang in GATE_LANGUAGES:
         row = langs.get(lang)
@@ -127,12 +140,13 @@ def resolve_reranker(cfg: Config) -> RerankerChoice:
         raise FileNotFoundError(f"reranker model not found at {path}")
     gate = read_gate(path)
     if auto:
-        why = gate_failure(gate, str(read_manifest(path, "cross-encoder").get("onnx_sha256", "")))
+        why = gate_failure(gate, str(read_manifest(path, "cross-encoder").get("onnx_sha256", "")), order_sha256(path))
         if why:
             return RerankerChoice(None, f"default reranker {default} not used: {why}")
     backend = load_cross_encoder(path, threads=cfg.model_threads, max_length=cfg.rerank_max_length,
                                  compact_states=cfg.rerank_states_compact, parallel=cfg.rerank_parallel)
-    return RerankerChoice(backend, alpha=_alpha(cfg, gate), model_dir=path)
+    order = read_order(path) if cfg.rerank_alpha < 0 else None  # HeadOrderError: startup fails
+    return RerankerChoice(backend, alpha=_alpha(cfg, gate), model_dir=path, order=order)
 
 
 def load_quality_model(cfg: Config, embedder: EmbeddingBackend, choice: RerankerChoice) -> QualityModel:
@@ -226,7 +240,7 @@ class App:
         ledger = build_ledger(cfg)
         writer = AttemptWriter(ledger)
         tracer = Tracer.from_endpoint(cfg.otlp_endpoint, cfg.trace_service_name)
-        runner = AttemptRunner(cfg, engine, runtime, ledger, rerank_alpha=choice.alpha,
+        runner = AttemptRunner(cfg, engine, runtime, ledger, head_order=choice.head_order,
                                rerank_unavailable=choice.reason, quality=load_quality_model(cfg, embedder, choice),
                                writer=writer, metrics=metrics, tracer=tracer)
         return cls(cfg, engine, runtime, ledger, runner,

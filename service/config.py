@@ -86,7 +86,9 @@ class Config:
     retrieval_share: float = 0.6  # share of the remaining deadline for BM25/kNN legs
     rerank_top_n: int = 20
     # Final rerank order: alpha * minmax(logit) + (1 - alpha) * minmax(fused) over the head.
-    # Negative: the alpha tuned on valid for the model (its gate file), else 1.0.
+    # Negative: the reranker's own order (its rerank_order.json: weights over the logit, the
+    # fused, BM25 and dense scores fitted on train; pipeline/head_order.py), else the alpha
+    # tuned on valid for it (its gate file), else 1.0.
     rerank_alpha: float = -1.0
     rerank_max_length: int = 256
     # Threads a rerank's length groups run on (a reranker with the two-graph layout): one

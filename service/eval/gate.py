@@ -4,7 +4,9 @@
 language, the tuned hybrid's nDCG@10 and the hybrid + rerank nDCG@10 for every
 interpolation alpha (``alpha_sweep``), and whether the run covered the full split. The
 file's ``alpha`` is the one with the best mean over the recorded languages, and each
-language's ``hybrid_rerank`` is its value at that alpha. ``reranker_model = "auto"``
+language's ``hybrid_rerank`` is its value at that alpha, or, when the reranker ships a
+``rerank_order.json`` (pipeline/head_order.py) and the server ordered the head by it, the
+run's own hybrid + rerank nDCG@10 (``served_order``; ``head_order_sha256`` names the file). ``reranker_model = "auto"``
 (service/app.py) reranks only when every gate language beats its hybrid there.
 """
 
@@ -22,27 +24,34 @@ from service.models.manifest import read_manifest
 
 def update_gate(model_dir: Path, lang: str, hybrid: float, sweep: dict[str, dict[str, float]], *, full_split: bool,
                 full_corpus: bool = False,
-                queries: int, documents: int, embedder: str, command: str = "") -> dict[str, Any]:
+                queries: int, documents: int, embedder: str, command: str = "",
+                head_order: tuple[str, float] | None = None) -> dict[str, Any]:
+    """``head_order``: (sha256 of the rerank_order.json the server ordered the head by, the
+    run's hybrid + rerank nDCG@10) when it served one; then that is the language's
+    ``hybrid_rerank``, and every language must have been measured with the same file."""
     sha = str(read_manifest(model_dir, "cross-encoder")["onnx_sha256"])
     path = model_dir / GATE_FILE
     try:
         gate: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         gate = {}
-    if gate.get("onnx_sha256") != sha:
-        gate = {}  # measured on another build: start over
+    order_sha = head_order[0] if head_order else None
+    if gate.get("onnx_sha256") != sha or gate.get("head_order_sha256") != order_sha:
+        gate = {}  # measured on another build or with another order: start over
     langs: dict[str, Any] = gate.get("languages", {})
     langs[lang] = {"hybrid": round(hybrid, 4), "alpha_sweep": {a: v["ndcg@10"] for a, v in sweep.items()},
                    "full_split": full_split, "full_corpus": full_corpus or full_split, "queries": queries, "documents": documents, "embedder": embedder,
                    "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": command}
+    if head_order:
+        langs[lang]["served_order"] = round(head_order[1], 4)
     alphas = sorted(set.intersection(*(set(row["alpha_sweep"]) for row in langs.values())))
     best = max(alphas, key=lambda a: (statistics.fmean(row["alpha_sweep"][a] for row in langs.values()), -float(a)))
     for row in langs.values():
-        row["hybrid_rerank"] = row["alpha_sweep"][best]
+        row["hybrid_rerank"] = row["served_order"] if order_sha else row["alpha_sweep"][best]
         row["gain"] = round(row["hybrid_rerank"] - row["hybrid"], 4)
-    gate = {"onnx_sha256": sha, "split": "valid", "metric": "ndcg@10", "alpha": float(best), "languages": langs,
-            "required_languages": list(GATE_LANGUAGES)}
-    why = gate_failure(gate, sha)
+    gate = {"onnx_sha256": sha, "head_order_sha256": order_sha, "split": "valid", "metric": "ndcg@10",
+            "alpha": float(best), "languages": langs, "required_languages": list(GATE_LANGUAGES)}
+    why = gate_failure(gate, sha, order_sha)
     gate["passed"] = not why
     gate["reason"] = why
     path.write_text(json.dumps(gate, indent=2) + "\n", encoding="utf-8")

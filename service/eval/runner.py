@@ -560,17 +560,23 @@ async def evaluate_service(judged: Judged, settings: EvalSettings) -> dict[str, 
 
 def _write_gate(settings: EvalSettings, results: list[ModeResult], judged: Judged) -> dict[str, Any]:
     from service.eval.gate import update_gate
+    from service.pipeline.head_order import order_sha256
 
     hybrid = [r for r in results if r.mode == "hybrid" and r.status == "ok"]
     reranked = [r for r in results if r.mode == "hybrid+rerank" and r.status == "ok" and r.alpha_sweep]
     if not settings.reranker or not hybrid or not reranked or not settings.lang:
         raise ValueError("--gate needs --reranker DIR, --lang and the modes hybrid,hybrid+rerank")
+    # The server ordered the head by the reranker's rerank_order.json unless --rerank-alpha
+    # overrode it (app.resolve_reranker): the gate records what was served.
+    served_order = None if settings.rerank_alpha is not None else order_sha256(Path(settings.reranker).expanduser())
     gate = update_gate(Path(settings.reranker).expanduser(), settings.lang, hybrid[0].metrics["ndcg@10"],
                        reranked[0].alpha_sweep, full_split=settings.full_split, full_corpus=settings.full_corpus,
                        queries=len(judged.queries),
                        documents=len(judged.corpus), embedder=hybrid[0].model,
-                       command=str(settings.extra_meta.get("command", "")))
-    _say(settings, f"gate: alpha {gate['alpha']}, passed={gate['passed']} {gate['reason']}")
+                       command=str(settings.extra_meta.get("command", "")),
+                       head_order=(served_order, reranked[0].metrics["ndcg@10"]) if served_order else None)
+    _say(settings, f"gate: {'order ' + served_order[:12] if served_order else 'alpha ' + str(gate['alpha'])}, "
+                   f"passed={gate['passed']} {gate['reason']}")
     return gate
 
 

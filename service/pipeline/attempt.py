@@ -53,11 +53,11 @@ from service.pipeline.fusion import (
     FusionParams,
     fuse_legs,
     fusion_for,
-    interpolate,
     is_cjk,
     max_rrf_score,
 )
 from service.pipeline.context_budget import apply_plan_budget
+from service.pipeline.head_order import HeadOrder, head_signals
 from service.pipeline.legs import LegRun as _LegRun
 from service.pipeline.plan_execution import faq_direct_answer, rerank_query, search_planned
 from service.pipeline.rerank_states import StatesWriteBack, stored_states
@@ -164,7 +164,7 @@ def _timing(t: Timing) -> LegTiming:
 
 class AttemptRunner:
     def __init__(self, cfg: Config, engine: Engine, runtime: ModelRuntime, ledger: Ledger, *,
-                 rerank_alpha: float = 1.0, rerank_unavailable: str = "",
+                 head_order: HeadOrder | None = None, rerank_unavailable: str = "",
                  quality: QualityModel | None = None, writer: AttemptWriter | None = None,
                  metrics: ServiceMetrics | None = None, tracer: Tracer | None = None) -> None:
         self.cfg = cfg
@@ -178,7 +178,7 @@ class AttemptRunner:
         self.runtime = runtime
         self.ledger = ledger
         self.writer = writer or AttemptWriter(ledger)
-        self.rerank_alpha = rerank_alpha
+        self.head_order = head_order or HeadOrder.from_alpha(1.0)
         self.rerank_unavailable = rerank_unavailable or "no reranker model configured"
         self.states_write_back = StatesWriteBack(engine, runtime.states_key, cfg.states_write_back,
                                                  metrics=metrics)
@@ -508,14 +508,11 @@ class AttemptRunner:
                                          f"{detail}; fell back to the fused order", _timing(timing)))
             result.degraded = True
             return False
-        alpha = self.rerank_alpha
         for c, s in zip(head, scores):
-            c.rerank_score = s
-        # alpha * rerank + (1 - alpha) * first stage, both min-max normalised over the
-        # reranked head (alpha = 1: the reranker alone). The same formula the trainer and
-        # `service eval` tune alpha with.
-        mixed = interpolate([float(s) for s in scores], [c.fused_score for c in head], alpha)
-        order = sorted(range(len(head)), key=lambda i: -mixed[i])
+            c.rerank_score = float(s)
+        # A weighted sum of the head's normalised signals (alpha interpolation, or the
+        # reranker's fitted rerank_order.json): pipeline/head_order.py.
+        order = self.head_order.order(head_signals(head), is_cjk(req.query))  # the script fusion used
         head[:] = [head[i] for i in order]
         ranked[: len(head)] = head
         result.legs.append(LegReport(LegKind.RERANK, LegStatus.OK, (time.monotonic() - t0) * 1000,

@@ -89,15 +89,19 @@ async def test_each_stage_earns_its_place(judged, tmp_path: Path) -> None:  # ty
 # reranker trained on train), corpus = judged answers + 10 shipped negatives each + random
 # answers up to 1,000 documents.
 RERANK_QUESTIONS = 40
-# Measured with the shipped e5-small-split-reranker-int8 (3 joint layers, gate alpha 0.7),
-# nDCG@10 (the first version, 2 joint layers at alpha 0.5: en 0.6505 / 0.6995, zh 0.5603 / 0.6073):
-RERANK_MEASURED = {"en": {"hybrid": 0.6507, "hybrid+rerank": 0.6872},
-                   "zh": {"hybrid": 0.5531, "hybrid+rerank": 0.6267}}
-# Rerank must add at least this over hybrid (measured +0.036 en, +0.074 zh).
+# Measured with the shipped e5-small-split-reranker-int8 (3 joint layers) and its
+# rerank_order.json, nDCG@10, 2026-12-03 (at the gate alpha 0.7 before the order shipped:
+# en 0.6507 / 0.6872, zh 0.5531 / 0.6267; the first version, 2 joint layers at alpha 0.5:
+# en 0.6505 / 0.6995, zh 0.5603 / 0.6073). The hybrid reads 0.6316 or 0.6507 in English
+# depending on the batches the cached corpus vectors were embedded in (int8 activations are
+# quantised per batch; the embedding cache keeps whichever came first).
+RERANK_MEASURED = {"en": {"hybrid": 0.6316, "hybrid+rerank": 0.7091},
+                   "zh": {"hybrid": 0.5531, "hybrid+rerank": 0.6520}}
+# Rerank must add at least this over hybrid (measured +0.078 en, +0.088 zh).
 RERANK_MARGIN = 0.02
 
 
-def _gated_reranker() -> tuple[Path, float]:
+def _gated_reranker() -> Path:
     from service.app import DEFAULT_RERANKER, resolve_reranker
     from service.config import Config
 
@@ -107,7 +111,7 @@ def _gated_reranker() -> tuple[Path, float]:
         if _ci():
             pytest.fail(msg + " (CI=true: make test builds the shipped reranker)")
         pytest.skip(msg)
-    return Config().models_dir / DEFAULT_RERANKER, choice.alpha
+    return Config().models_dir / DEFAULT_RERANKER
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
@@ -117,12 +121,14 @@ async def test_rerank_earns_its_place(lang: str, tmp_path: Path) -> None:
         if _ci():
             pytest.fail(msg + " (CI=true: the eval extra must be installed)")
         pytest.skip(msg)
-    reranker, alpha = _gated_reranker()
+    reranker = _gated_reranker()
     full = load_insuranceqa("valid", lang).sample(RERANK_QUESTIONS, SEED)
     negatives = {q: ns[:NEGATIVES_PER_QUESTION] for q, ns in full.negatives.items()}
     judged = dataclasses.replace(full, negatives=negatives).sample_corpus(CORPUS, SEED, keep_negatives=True)
+    # No rerank_alpha: the server orders the head as it does by default (the reranker's
+    # shipped rerank_order.json, else its gate's alpha).
     settings = EvalSettings(out=tmp_path, modes=("hybrid", "hybrid+rerank"), models=("int8",), reranker=str(reranker),
-                            rerank_alpha=alpha, plots=False, save_runs=False, quiet=True)
+                            plots=False, save_runs=False, quiet=True)
     report = await evaluate_service(judged, settings)
     rows = {r["mode"]: r for r in report["results"]}
     ndcg = {m: rows[m]["metrics"]["ndcg@10"] for m in ("hybrid", "hybrid+rerank")}

@@ -32,6 +32,7 @@ import numpy.typing as npt
 
 from service.models.manifest import MANIFEST, MODEL_FILE, TOKENIZER_FILE, publish_model_dir, sha256_file, write_manifest
 from service.models.passage_states import PROJECTION_FILE
+from service.pipeline.head_order import ORDER_FILE
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
 RERANKER_NAME = "e5-small-split-reranker"
@@ -206,11 +207,11 @@ def assemble(src_dir: Path, out_dir: Path, precision: str = "int8", *, force: bo
 
 
 def _copy_sidecars(src_dir: Path, final: Path) -> None:
-    for name in (GATE_FILE, CALIBRATION_FILE, CARD_FILE):
+    for name in (GATE_FILE, CALIBRATION_FILE, ORDER_FILE, CARD_FILE):
         if (src_dir / name).is_file():
             shutil.copyfile(src_dir / name, final / name)
         elif (final / name).exists() and name != CARD_FILE:
-            (final / name).unlink()  # never keep a gate or calibration the artifact no longer has
+            (final / name).unlink()  # never keep a gate, calibration or order the artifact no longer has
 
 
 def install_calibration(model_dir: Path, name: str, log: Log = print) -> None:

@@ -96,3 +96,26 @@ def test_auto_picks_the_reranker_trained_against_the_served_embedder(models: Pat
     shutil.rmtree(d)
     choice = resolve_reranker(cfg)
     assert choice.backend is None and f"default reranker {paired} is not built" in choice.reason
+
+
+def test_a_shipped_rerank_order_needs_a_gate_measured_with_it(models: Path, e5_fp32_dir: Path) -> None:
+    """``rerank_order.json`` orders the head unless ``rerank_alpha`` is set; ``auto`` takes the
+    model only when its gate names that exact file (it was measured with it)."""
+    from service.pipeline.head_order import ORDER_FILE, HeadOrder, order_sha256
+
+    d = _build(models, e5_fp32_dir)
+    order = HeadOrder.from_weights({"latin": {"rerank": 1.0, "bm25": 0.2}, "cjk": {"rerank": 1.0}})
+    (d / ORDER_FILE).write_text(order.to_json())
+    _gate(d, en=(0.40, 0.45), zh=(0.28, 0.33))
+    choice = resolve_reranker(_cfg(models))
+    assert choice.backend is None and "another rerank order" in choice.reason
+    gate = json.loads((d / GATE_FILE).read_text())
+    gate["head_order_sha256"] = order_sha256(d)
+    (d / GATE_FILE).write_text(json.dumps(gate))
+    choice = resolve_reranker(_cfg(models))
+    assert choice.backend is not None and choice.head_order.weights == order.weights
+    explicit = resolve_reranker(_cfg(models, alpha=0.25))  # the operator's alpha wins
+    assert explicit.order is None and explicit.head_order.weights["latin"] == {"rerank": 0.25, "fused": 0.75}
+    (d / ORDER_FILE).write_text("{broken")
+    with pytest.raises(ValueError, match="not JSON"):
+        resolve_reranker(_cfg(models, DEFAULT_RERANKER))

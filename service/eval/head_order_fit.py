@@ -1,0 +1,159 @@
+"""Fit a reranker's head order (``rerank_order.json``, service/pipeline/head_order.py) on the
+item dumps of ``service eval --calibration-sample N`` (InsuranceQA *train* questions), and
+score any order on other dumps (valid).
+
+    python -m service.eval.head_order_fit fit --train-en EN.items.json --train-zh ZH.items.json \\
+        --start-alpha 0.7 --out rerank_order.json
+    python -m service.eval.head_order_fit score --order rerank_order.json --items VALID.items.json
+
+Each dump row is a reranked head item with its BM25, dense, fused and rerank scores (the
+server's own values), so the offline order here is the one the server would serve: the
+scoring goes through ``HeadOrder.scores``. The fit is coordinate ascent on mean nDCG@10 from
+the alpha interpolation the gate chose (a few weights, ~1,000 questions per script: no
+model that could memorise them), one weight set per script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from service.pipeline.head_order import FEATURES, HeadOrder
+
+_COLUMNS = {"bm25": 1, "dense": 2, "fused": 3, "rerank": 4}  # runner.py's item rows
+STEPS = (-1.0, -0.5, -0.25, -0.1, -0.05, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+@dataclass
+class Head:
+    ids: list[str]
+    signals: dict[str, list[float | None]]
+    relevant: set[str]
+
+
+def load_heads(path: Path) -> list[Head]:
+    """The reranked head of every non-degraded query in a hybrid+rerank item dump."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    heads = []
+    for record in data.values():
+        if record.get("degraded"):
+            continue
+        rows = [r for r in record["items"] if r[_COLUMNS["rerank"]] is not None]
+        if len(rows) < 2:
+            continue
+        heads.append(Head([str(r[0]) for r in rows], {f: [r[c] for r in rows] for f, c in _COLUMNS.items()},
+                          set(record["relevant"])))
+    return heads
+
+
+def ndcg10(ranked: Sequence[str], relevant: set[str]) -> float:
+    """Binary-gain nDCG@10 over distinct ids, as service/eval/metrics.py computes it."""
+    seen: list[str] = []
+    for d in ranked:
+        if d not in seen:
+            seen.append(d)
+    dcg = sum(1.0 / math.log2(i + 2) for i, d in enumerate(seen[:10]) if d in relevant)
+    ideal = sum(1.0 / math.log2(i + 2) for i in range(min(len(relevant), 10)))
+    return dcg / ideal if ideal else 0.0
+
+
+def per_query(heads: list[Head], order: HeadOrder, cjk: bool) -> list[float]:
+    return [ndcg10([h.ids[i] for i in order.order(h.signals, cjk)], h.relevant) for h in heads]
+
+
+def mean_ndcg(heads: list[Head], order: HeadOrder, cjk: bool) -> float:
+    return statistics.fmean(per_query(heads, order, cjk)) if heads else 0.0
+
+
+def paired_ci(a: list[float], b: list[float], seed: int = 0, rounds: int = 2000) -> tuple[float, float, float]:
+    """Mean of ``a - b`` per query and its 95 % paired bootstrap interval."""
+    diff = [x - y for x, y in zip(a, b)]
+    rng = random.Random(seed)
+    means = sorted(statistics.fmean(rng.choices(diff, k=len(diff))) for _ in range(rounds))
+    return statistics.fmean(diff), means[int(0.025 * rounds)], means[int(0.975 * rounds) - 1]
+
+
+def fit_script(heads: list[Head], start: dict[str, float], cjk: bool, rounds: int = 6) -> tuple[dict[str, float], float]:
+    """Coordinate ascent from ``start`` over every feature's weight (steps ``STEPS``); keeps a
+    move only when it raises the mean by more than 1e-6."""
+    script = "cjk" if cjk else "latin"
+
+    def value(w: dict[str, float]) -> float:
+        if not w.get("rerank", 0.0) > 0:
+            return -1.0
+        return mean_ndcg(heads, HeadOrder({script: w, "cjk" if not cjk else "latin": w}), cjk)
+
+    w = {f: start.get(f, 0.0) for f in FEATURES}
+    best = value(w)
+    for _ in range(rounds):
+        moved = False
+        for f in FEATURES:
+            for step in STEPS:
+                trial = {**w, f: round(w[f] + step, 4)}
+                v = value(trial)
+                if v > best + 1e-6:
+                    w, best, moved = trial, v, True
+        if not moved:
+            break
+    return {f: v for f, v in w.items() if v}, best
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m service.eval.head_order_fit", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    f = sub.add_parser("fit", help="fit per-script weights on train dumps")
+    f.add_argument("--train-en", type=Path, required=True, help="Latin-script (English) train item dump")
+    f.add_argument("--train-zh", type=Path, required=True, help="Han-script (Chinese) train item dump")
+    f.add_argument("--start-alpha", type=float, default=0.7, help="the interpolation to start from (the gate's)")
+    f.add_argument("--out", type=Path, required=True)
+    s = sub.add_parser("score", help="mean nDCG@10 of an order (or an alpha) on item dumps")
+    s.add_argument("--order", type=Path, default=None)
+    s.add_argument("--alpha", type=float, default=None)
+    s.add_argument("--items", type=Path, nargs="+", required=True)
+    s.add_argument("--cjk", action="store_true", help="score with the Han-script weights")
+    s.add_argument("--against-alpha", type=float, default=None,
+                   help="also print the paired difference to this alpha with a 95 %% bootstrap interval")
+    a = p.parse_args(argv)
+    if a.cmd == "score":
+        if (a.order is None) == (a.alpha is None):
+            p.error("give exactly one of --order and --alpha")
+        order = HeadOrder.load(a.order) if a.order else HeadOrder.from_alpha(a.alpha)
+        for path in a.items:
+            heads = load_heads(path)
+            mine = per_query(heads, order, a.cjk)
+            line = f"{path}: {len(heads)} queries, nDCG@10 {statistics.fmean(mine):.4f} ({order.source})"
+            if a.against_alpha is not None:
+                mean, lo, hi = paired_ci(mine, per_query(heads, HeadOrder.from_alpha(a.against_alpha), a.cjk))
+                line += f"; vs alpha {a.against_alpha:g}: {mean:+.4f} (95 % CI {lo:+.4f}..{hi:+.4f})"
+            print(line)
+        return 0
+    start = {"rerank": a.start_alpha, "fused": round(1.0 - a.start_alpha, 4)}
+    weights: dict[str, dict[str, float]] = {}
+    report: dict[str, dict[str, object]] = {}
+    for script, path, cjk in (("latin", a.train_en, False), ("cjk", a.train_zh, True)):
+        heads = load_heads(path)
+        base = mean_ndcg(heads, HeadOrder.from_alpha(a.start_alpha), cjk)
+        weights[script], fitted = fit_script(heads, start, cjk)
+        report[script] = {"train_items": str(path), "queries": len(heads), f"ndcg@10_alpha_{a.start_alpha:g}": round(base, 4),
+                          "ndcg@10_fitted": round(fitted, 4)}
+        print(f"{script}: {len(heads)} train queries, nDCG@10 {base:.4f} at alpha {a.start_alpha:g} -> {fitted:.4f} "
+              f"with {weights[script]}", file=sys.stderr)
+    order = HeadOrder.from_weights(weights)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(order.to_json(fitted_on=report, start_alpha=a.start_alpha,
+                                   command="python -m service.eval.head_order_fit " + " ".join(argv or sys.argv[1:])),
+                     encoding="utf-8")
+    print(f"wrote {a.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

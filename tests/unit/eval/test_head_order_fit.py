@@ -1,0 +1,92 @@
+"""The head-order fit (service/eval/head_order_fit.py) and the gate it feeds (service/eval/gate.py)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service.app import GATE_FILE
+from service.eval.gate import update_gate
+from service.eval.head_order_fit import load_heads, main, mean_ndcg, ndcg10
+from service.eval.metrics import ndcg_at_k
+from service.pipeline.head_order import ORDER_FILE, HeadOrder, order_sha256, read_order
+
+
+def _dump(path: Path, n: int, seed: int, bm25_knows: bool) -> Path:
+    """A hybrid+rerank item dump shaped like runner.py's: the reranker is noisy, BM25 (when
+    ``bm25_knows``) scores the relevant item high, the fused score is uninformative."""
+    rng = random.Random(seed)
+    records: dict[str, Any] = {}
+    for q in range(n):
+        rows = []
+        rel = rng.randrange(20)
+        for i in range(20):
+            hit = i == rel
+            bm25 = (12.0 if hit else rng.uniform(0, 10)) if bm25_knows else rng.uniform(0, 10)
+            rows.append([f"q{q}-d{i}", None if (not hit and rng.random() < 0.3) else bm25, rng.uniform(0.7, 0.9),
+                         0.05 - i * 0.001, rng.gauss(2.0 if hit else 0.0, 2.0), 0.1])
+        records[f"q{q}"] = {"degraded": False, "relevant": [f"q{q}-d{rel}"], "items": rows}
+    records["degraded"] = {"degraded": True, "relevant": ["x"], "items": [["x", 1, 1, 1, 1, 1]] * 3}
+    path.write_text(json.dumps(records))
+    return path
+
+
+def test_ndcg_matches_the_eval_metric() -> None:
+    rng = random.Random(3)
+    for _ in range(100):
+        ranked = [f"d{rng.randrange(15)}" for _ in range(20)]
+        relevant = {f"d{rng.randrange(15)}" for _ in range(rng.randint(1, 4))}
+        assert ndcg10(ranked, relevant) == pytest.approx(ndcg_at_k(ranked, relevant, 10))
+
+
+def test_fit_finds_an_informative_leg_and_ships_a_loadable_order(tmp_path: Path) -> None:
+    en = _dump(tmp_path / "en.json", 150, 1, bm25_knows=True)
+    zh = _dump(tmp_path / "zh.json", 150, 2, bm25_knows=False)
+    assert len(load_heads(en)) == 150  # the degraded query is left out
+    out = tmp_path / "order" / ORDER_FILE
+    assert main(["fit", "--train-en", str(en), "--train-zh", str(zh), "--start-alpha", "0.7", "--out", str(out)]) == 0
+    order = read_order(out.parent)
+    assert order is not None and order.weights["latin"].get("bm25", 0.0) > 0
+    doc = json.loads(out.read_text())
+    fitted = doc["fitted_on"]["latin"]
+    assert fitted["ndcg@10_fitted"] > fitted["ndcg@10_alpha_0.7"]
+    # Held-out questions from the same process gain too (it is not memorising the train ones).
+    held = load_heads(_dump(tmp_path / "en-valid.json", 150, 9, bm25_knows=True))
+    assert mean_ndcg(held, order, cjk=False) > mean_ndcg(held, HeadOrder.from_alpha(0.7), cjk=False) + 0.05
+
+
+def _model_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "reranker"
+    d.mkdir()
+    for name in ("model.onnx", "tokenizer.json"):
+        (d / name).write_text("")
+    (d / "manifest.json").write_text(json.dumps({"kind": "cross-encoder", "onnx_sha256": "ab" * 32}))
+    return d
+
+
+def _sweep(values: dict[str, float]) -> dict[str, dict[str, float]]:
+    return {a: {"ndcg@10": v} for a, v in values.items()}
+
+
+def test_gate_records_the_served_order(tmp_path: Path) -> None:
+    d = _model_dir(tmp_path)
+    kw: dict[str, Any] = {"full_split": False, "full_corpus": True, "queries": 500, "documents": 27413, "embedder": "int8"}
+    # Without an order file: the best alpha of the sweeps decides.
+    update_gate(d, "en", 0.40, _sweep({"0.5": 0.42, "0.7": 0.44}), **kw)
+    gate = update_gate(d, "zh", 0.27, _sweep({"0.5": 0.29, "0.7": 0.28}), **kw)
+    assert gate["alpha"] == 0.7 and gate["head_order_sha256"] is None and gate["passed"]
+    # With one: each language's hybrid_rerank is the served run's, and the file is named.
+    (d / ORDER_FILE).write_text(HeadOrder.from_weights({"latin": {"rerank": 1.0}, "cjk": {"rerank": 1.0}}).to_json())
+    sha = order_sha256(d)
+    assert sha is not None
+    gate = update_gate(d, "en", 0.40, _sweep({"0.7": 0.44}), head_order=(sha, 0.455), **kw)
+    assert set(gate["languages"]) == {"en"}  # measured with another order before: started over
+    assert gate["languages"]["en"]["hybrid_rerank"] == 0.455 and not gate["passed"]  # zh missing
+    gate = update_gate(d, "zh", 0.27, _sweep({"0.7": 0.28}), head_order=(sha, 0.265), **kw)
+    assert gate["head_order_sha256"] == sha and not gate["passed"] and "valid zh" in gate["reason"]
+    gate = update_gate(d, "zh", 0.27, _sweep({"0.7": 0.28}), head_order=(sha, 0.291), **kw)
+    assert gate["passed"] and json.loads((d / GATE_FILE).read_text())["languages"]["zh"]["gain"] == 0.021
