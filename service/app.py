@@ -256,7 +256,7 @@ class App:
         log.info("app started: engine=%s models=%s", self.engine.name, self.runner.model_ids)
 
     async def close(self) -> None:
-        await self.runner.states_write_back.drain()
+        await self.runner.rerank.states_write_back.drain()
         await self.runtime.close()
         await self.engine.close()
         await self.ledger_ops.close()

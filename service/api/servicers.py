@@ -60,7 +60,7 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         principal = self.auth.authenticate(context)
         req, conversion_errors = convert.request_from_pb(request)
         validate(req, self.app.cfg, self.app.runtime.reranker is not None, conversion_errors,
-                 self.app.runner.rerank_unavailable)
+                 self.app.runner.rerank.unavailable)
         req = resolve_plan(req, self.app.plan_rules, self.app.cfg)
         self.admission.admit(principal)
         searches = self.auth.quotas.search_ceiling(principal.name, req.budget_max_searches,

@@ -33,17 +33,13 @@ from service.domain import (
 )
 from service.engines.base import (
     Engine,
-    EngineTimeout,
-    EngineUnavailable,
-    Hit,
     PartialReason,
     SearchFilter,
     SearchResponse,
 )
-from service.errors import DeadlineExceeded, Overloaded
+from service.errors import DeadlineExceeded
 from service.ledger.base import NO_GAP_IN_RUN, RUN_NOT_OWNED, Ledger, LedgerUnavailable
 from service.ledger.writer import AttemptWriter
-from service.models.passage_states import rerank_passage_text
 from service.models.runtime import ModelRuntime, Timing
 from service.observability.logs import ATTEMPT_LOGGER, current_attempt_id
 from service.observability.metrics import ServiceMetrics
@@ -57,10 +53,11 @@ from service.pipeline.fusion import (
     max_rrf_score,
 )
 from service.pipeline.context_budget import apply_plan_budget
-from service.pipeline.head_order import HeadOrder, head_signals
+from service.pipeline.head_order import HeadOrder
+from service.pipeline.legs import REPLY_MARGIN_S, classify_failure, leg_timing
 from service.pipeline.legs import LegRun as _LegRun
 from service.pipeline.plan_execution import faq_direct_answer, rerank_query, search_planned
-from service.pipeline.rerank_states import StatesWriteBack, stored_states
+from service.pipeline.rerank import RerankStage
 from service.pipeline.postprocess import Deduped, admissible, apply_context_budget
 from service.pipeline.quality import QualityModel
 from service.pipeline.recording import entry_for, new_attempt_id, reserve
@@ -71,8 +68,6 @@ from service.planning.plan import RetrievalPlan
 CHANNEL = "knowledge_base"
 # One DEBUG line per finished attempt; `serve --log-json` turns this logger on (JSON lines).
 _attempt_log = logging.getLogger(ATTEMPT_LOGGER)
-# Kept back from the caller's deadline for fusion, post-processing and the reply.
-_REPLY_MARGIN_S = 0.05
 
 
 @dataclass
@@ -138,16 +133,6 @@ class ResultEvent:
 Event = LegEvent | EvidenceEvent | ResultEvent
 
 
-def _classify(exc: BaseException) -> tuple[LegStatus, str]:
-    if isinstance(exc, (EngineTimeout, DeadlineExceeded, TimeoutError)):
-        return LegStatus.TIMEOUT, str(exc) or "deadline share exceeded"
-    if isinstance(exc, Overloaded):
-        return LegStatus.ERROR, f"overloaded: {exc}"
-    if isinstance(exc, EngineUnavailable):
-        return LegStatus.ERROR, f"engine unavailable: {exc}"
-    return LegStatus.ERROR, f"{type(exc).__name__}: {exc}"
-
-
 def _from_response(kind: LegKind, resp: SearchResponse, latency_ms: float) -> _LegRun:
     if resp.complete:
         status, detail = LegStatus.OK, ""
@@ -156,10 +141,6 @@ def _from_response(kind: LegKind, resp: SearchResponse, latency_ms: float) -> _L
     else:
         status, detail = LegStatus.ERROR, resp.detail or "engine reported failed shards"
     return _LegRun(LegReport(kind, status, latency_ms, len(resp.hits), detail), resp.hits)
-
-
-def _timing(t: Timing) -> LegTiming:
-    return LegTiming(t.queue_ms, t.tokenize_ms, t.inference_ms)
 
 
 class AttemptRunner:
@@ -178,10 +159,8 @@ class AttemptRunner:
         self.runtime = runtime
         self.ledger = ledger
         self.writer = writer or AttemptWriter(ledger)
-        self.head_order = head_order or HeadOrder.from_alpha(1.0)
-        self.rerank_unavailable = rerank_unavailable or "no reranker model configured"
-        self.states_write_back = StatesWriteBack(engine, runtime.states_key, cfg.states_write_back,
-                                                 metrics=metrics)
+        self.rerank = RerankStage(cfg, engine, runtime, head_order=head_order or HeadOrder.from_alpha(1.0),
+                                  unavailable=rerank_unavailable, metrics=metrics)
 
     @property
     def model_ids(self) -> list[str]:
@@ -197,7 +176,7 @@ class AttemptRunner:
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
-            status, detail = _classify(exc)
+            status, detail = classify_failure(exc)
             return _LegRun(LegReport(LegKind.BM25, status, (time.monotonic() - t0) * 1000, 0, detail), [])
         return _from_response(LegKind.BM25, resp, (time.monotonic() - t0) * 1000)
 
@@ -216,17 +195,17 @@ class AttemptRunner:
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
-            status, detail = _classify(exc)
-            report = LegReport(LegKind.KNN, status, (time.monotonic() - t0) * 1000, 0, detail, _timing(timing))
+            status, detail = classify_failure(exc)
+            report = LegReport(LegKind.KNN, status, (time.monotonic() - t0) * 1000, 0, detail, leg_timing(timing))
             return _LegRun(report, [])
         run = _from_response(LegKind.KNN, resp, (time.monotonic() - t0) * 1000)
-        run.report.timing = _timing(timing)
+        run.report.timing = leg_timing(timing)
         return run
 
     async def _search(
         self, query: str, flt: SearchFilter, legs: tuple[LegKind, ...], deadline: float, size: int
     ) -> AsyncIterator[_LegRun]:
-        share = max(0.0, (deadline - time.monotonic() - _REPLY_MARGIN_S) * self.cfg.retrieval_share)
+        share = max(0.0, (deadline - time.monotonic() - REPLY_MARGIN_S) * self.cfg.retrieval_share)
         calls: list[Awaitable[_LegRun]] = []
         if LegKind.BM25 in legs:
             calls.append(self._bm25(query, flt, share, size))
@@ -331,7 +310,7 @@ class AttemptRunner:
                 runs.append(r)
                 yield LegEvent(r.report)  # as each leg finishes
             candidates = self._fuse(runs, fusion)
-        if not result.query_variants and retry_keys and self._weak(candidates, runs, fusion, req.query) and time.monotonic() < deadline - _REPLY_MARGIN_S:
+        if not result.query_variants and retry_keys and self._weak(candidates, runs, fusion, req.query) and time.monotonic() < deadline - REPLY_MARGIN_S:
             loose = SearchFilter(flt.collections, flt.source_ids,
                                  {k: v for k, v in flt.metadata.items() if k not in retry_keys}, flt.acl_groups)
             runs = []
@@ -359,7 +338,7 @@ class AttemptRunner:
                 infra_failure("legs_failed_no_hits")
             else:
                 result.outcome, result.stopping_reason = Outcome.EMPTY, "completed_no_match"
-            self._add_rerank_report(result, LegStatus.SKIPPED, "nothing to rerank", req)
+            self._add_rerank_report(result, "nothing to rerank", req)
             return
 
         # 3. Admissibility and dedupe before reranking: never spend the model on drafts.
@@ -369,7 +348,7 @@ class AttemptRunner:
         kept = {id(c) for c in allowed}
         result.inadmissible_ids = [c.chunk.chunk_id for c in candidates if id(c) not in kept]
         if not allowed:
-            self._add_rerank_report(result, LegStatus.SKIPPED, "nothing admissible to rerank", req)
+            self._add_rerank_report(result, "nothing admissible to rerank", req)
             if failed:
                 infra_failure("legs_failed_none_admissible")
             else:
@@ -383,7 +362,7 @@ class AttemptRunner:
 
         # 4. Rerank (falls back to the fused order on timeout/failure, and says so).
         max_fused = self._max_fused(runs, fusion)
-        reranked = await self._rerank(req, ranked, deadline, result, query=rerank_query(req))
+        reranked = await self._rerank(req, ranked, deadline, result, rerank_query(req))
 
         # 5. Quality, gate, relevance, budget.
         legs_key, answered_max = self._answered(runs, fusion)
@@ -471,51 +450,15 @@ class AttemptRunner:
         self.quality.assign_all(candidates, reranked=False, max_fused=self._max_fused(runs, fusion),
                                 cjk=is_cjk(query), legs=legs_key, answered_max_fused=answered_max)
 
-    def _add_rerank_report(self, result: AttemptResultOut, status: LegStatus, detail: str, req: AttemptRequest) -> None:
-        if req.rerank is False:
-            detail = "disabled by request"
-        elif self.runtime.reranker is None:
-            detail = self.rerank_unavailable
-        result.legs.append(LegReport(LegKind.RERANK, status, 0.0, 0, detail))
+    def _add_rerank_report(self, result: AttemptResultOut, detail: str, req: AttemptRequest) -> None:
+        """The rerank leg did not run (nothing to rerank, or the stage's own reason)."""
+        result.legs.append(self.rerank.skipped(req, detail))
 
-    async def _rerank(
-        self, req: AttemptRequest, ranked: list[Candidate], deadline: float, result: AttemptResultOut,
-        query: str | None = None,
-    ) -> bool:
-        if req.rerank is False or self.runtime.reranker is None:
-            self._add_rerank_report(result, LegStatus.SKIPPED, "", req)
-            return False
-        head = ranked[: self.cfg.rerank_top_n]
-        t0 = time.monotonic()
-        left = deadline - t0 - _REPLY_MARGIN_S
-        timing = Timing()
-        try:
-            if left <= 0:
-                raise DeadlineExceeded("no time left for reranking")
-            passages = [rerank_passage_text(c.chunk.title, c.chunk.text) for c in head]
-            states = await stored_states(self.engine, self.runtime.states_key, head, left)
-            computed: dict[int, bytes] = {}
-            scores, timing = await asyncio.wait_for(
-                self.runtime.rerank(query or req.query, passages, t0 + left, states, computed),
-                t0 + left - time.monotonic(),
-            )
-            self.states_write_back.offer(head, computed)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:
-            status, detail = _classify(exc)
-            result.legs.append(LegReport(LegKind.RERANK, status, (time.monotonic() - t0) * 1000, 0,
-                                         f"{detail}; fell back to the fused order", _timing(timing)))
-            result.degraded = True
-            return False
-        for c, s in zip(head, scores):
-            c.rerank_score = float(s)
-        # A weighted sum of the head's normalised signals (alpha interpolation, or the
-        # reranker's fitted rerank_order.json): pipeline/head_order.py.
-        order = self.head_order.order(head_signals(head), is_cjk(req.query))  # the script fusion used
-        head[:] = [head[i] for i in order]
-        ranked[: len(head)] = head
-        result.legs.append(LegReport(LegKind.RERANK, LegStatus.OK, (time.monotonic() - t0) * 1000,
-                                     len(head), "", _timing(timing)))
-        result.timing = result.timing.plus(_timing(timing))
-        return True
+    async def _rerank(self, req: AttemptRequest, ranked: list[Candidate], deadline: float,
+                      result: AttemptResultOut, query: str) -> bool:
+        done = await self.rerank.run(req, ranked, deadline, query)
+        result.legs.append(done.report)
+        result.degraded = result.degraded or done.degraded
+        if done.timing is not None:
+            result.timing = result.timing.plus(done.timing)
+        return done.reranked

@@ -103,7 +103,7 @@ async def serve(states: bool, data_dir: Path, docs: list[corpus_pb2.Document],
                     warm = "warm up the sessions" if write_back else q + " ?"
                     async for _ in retrieval.Retrieve(retrieval_pb2.RetrieveRequest(query=warm, top_k=10, options=options)):
                         pass
-                await app.runner.states_write_back.drain()
+                await app.runner.rerank.states_write_back.drain()
                 for attempt in range(2 if write_back else 1):
                     rerank = (run.first_rerank_ms if attempt == 0 and write_back else run.rerank_ms).setdefault(lang, [])
                     total = run.total_ms.setdefault(lang, []) if attempt == (1 if write_back else 0) else []
@@ -116,7 +116,7 @@ async def serve(states: bool, data_dir: Path, docs: list[corpus_pb2.Document],
                                     raise SystemExit(f"rerank leg {leg.status}: {leg.detail}")
                                 rerank.append(leg.latency_ms)
                         total.append((time.perf_counter() - t0) * 1000)
-                        await app.runner.states_write_back.drain()  # pass 1: stored before the next query
+                        await app.runner.rerank.states_write_back.drain()  # pass 1: stored before the next query
         if app.runtime.states_key is not None:
             ids = [make_chunk_id(d.source_id, i, d.version) for d in docs for i in range(32)]
             refs = [(c.chunk_id, c.content_hash) for c in await app.engine.get_chunks(ids)]

@@ -109,9 +109,9 @@ async def test_write_back_stores_what_a_rerank_computed(start_server: StartServe
     assert await _stored_anywhere(engine, reranker.states_key) == 0, "ingest computes no states in write-back mode"
     ask = dict(top_k=8, options=retrieval_pb2.RetrievalOptions(min_quality=1e-9))
     first = evidence_of(await live.retrieve(query=QUERIES[0], **ask))  # type: ignore[arg-type]
-    await runner.states_write_back.drain()
+    await runner.rerank.states_write_back.drain()
     stored = await _stored_anywhere(engine, reranker.states_key)
-    assert 0 < stored <= live.app.cfg.rerank_top_n and runner.states_write_back.written == stored
+    assert 0 < stored <= live.app.cfg.rerank_top_n and runner.rerank.states_write_back.written == stored
     from tests.support.scrape import parse
 
     scraped = parse(live.app.metrics.exposition().decode())
@@ -130,5 +130,5 @@ async def test_write_back_stores_what_a_rerank_computed(start_server: StartServe
     score = {e.evidence_id: e.rerank_score for e in first}
     assert {e.evidence_id for e in again} == set(score)
     assert [(e.evidence_id, e.rerank_score) for e in again] == [(e.evidence_id, e.rerank_score) for e in first]
-    await runner.states_write_back.drain()
-    assert runner.states_write_back.written == stored, "nothing new was computed, so nothing written"
+    await runner.rerank.states_write_back.drain()
+    assert runner.rerank.states_write_back.written == stored, "nothing new was computed, so nothing written"

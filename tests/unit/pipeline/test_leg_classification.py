@@ -7,7 +7,8 @@ import pytest
 from service.domain import LegKind, LegStatus
 from service.engines.base import EngineTimeout, EngineUnavailable, PartialReason, SearchResponse
 from service.errors import DeadlineExceeded, Overloaded
-from service.pipeline.attempt import _classify, _from_response
+from service.pipeline.attempt import _from_response
+from service.pipeline.legs import classify_failure
 
 
 def test_engine_timed_out_with_zero_hits_is_a_timeout_leg_not_an_empty_one() -> None:
@@ -33,4 +34,4 @@ def test_failed_shards_are_an_error_leg_and_a_complete_answer_is_ok() -> None:
     (RuntimeError("boom"), LegStatus.ERROR),
 ])
 def test_exceptions_map_to_timeout_or_error(exc: BaseException, status: LegStatus) -> None:
-    assert _classify(exc)[0] is status
+    assert classify_failure(exc)[0] is status
