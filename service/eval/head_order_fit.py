@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import statistics
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from service.eval.metrics import ndcg_at_k
 from service.pipeline.head_order import FEATURES, HeadOrder
 
 _COLUMNS = {"bm25": 1, "dense": 2, "fused": 3, "rerank": 4}  # runner.py's item rows
@@ -53,19 +52,8 @@ def load_heads(path: Path) -> list[Head]:
     return heads
 
 
-def ndcg10(ranked: Sequence[str], relevant: set[str]) -> float:
-    """Binary-gain nDCG@10 over distinct ids, as service/eval/metrics.py computes it."""
-    seen: list[str] = []
-    for d in ranked:
-        if d not in seen:
-            seen.append(d)
-    dcg = sum(1.0 / math.log2(i + 2) for i, d in enumerate(seen[:10]) if d in relevant)
-    ideal = sum(1.0 / math.log2(i + 2) for i in range(min(len(relevant), 10)))
-    return dcg / ideal if ideal else 0.0
-
-
 def per_query(heads: list[Head], order: HeadOrder, cjk: bool) -> list[float]:
-    return [ndcg10([h.ids[i] for i in order.order(h.signals, cjk)], h.relevant) for h in heads]
+    return [ndcg_at_k([h.ids[i] for i in order.order(h.signals, cjk)], h.relevant, 10) for h in heads]
 
 
 def mean_ndcg(heads: list[Head], order: HeadOrder, cjk: bool) -> float:

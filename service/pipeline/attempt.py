@@ -456,9 +456,12 @@ class AttemptRunner:
 
     async def _rerank(self, req: AttemptRequest, ranked: list[Candidate], deadline: float,
                       result: AttemptResultOut, query: str) -> bool:
-        done = await self.rerank.run(req, ranked, deadline, query)
-        result.legs.append(done.report)
-        result.degraded = result.degraded or done.degraded
-        if done.timing is not None:
-            result.timing = result.timing.plus(done.timing)
-        return done.reranked
+        report = await self.rerank.run(req, ranked, deadline, query)
+        result.legs.append(report)
+        if report.status is LegStatus.OK:
+            if report.timing is not None:
+                result.timing = result.timing.plus(report.timing)
+            return True
+        if report.status is not LegStatus.SKIPPED:
+            result.degraded = True  # the reranker failed or ran out of time: fused order served
+        return False

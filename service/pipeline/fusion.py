@@ -95,5 +95,6 @@ def minmax(values: Sequence[float]) -> list[float]:
 
 def interpolate(rerank: Sequence[float], first_stage: Sequence[float], alpha: float) -> list[float]:
     """``alpha * minmax(rerank) + (1 - alpha) * minmax(first_stage)`` per candidate: how the
-    rerank leg orders its head, and how the trainer and ``service eval`` tune ``alpha``."""
+    trainer and ``service eval`` sweep ``alpha`` (the rerank stage serves the same order
+    through ``head_order.HeadOrder.from_alpha`` when a reranker ships no rerank order)."""
     return [alpha * r + (1.0 - alpha) * f for r, f in zip(minmax(rerank), minmax(first_stage))]

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from service.pipeline.fusion import Candidate
+from service.pipeline.fusion import Candidate, minmax
 
 FEATURES = ("rerank", "fused", "bm25", "dense")
 SCRIPTS = ("latin", "cjk")  # the weight sets: queries without / with Han characters
@@ -43,10 +43,8 @@ def normalised(values: Sequence[float | None]) -> list[float]:
     present = [v for v in values if v is not None]
     if not present:
         return [0.0] * len(values)
-    lo, hi = min(present), max(present)
-    if not hi > lo:
-        return [0.0] * len(values)
-    return [((lo if v is None else v) - lo) / (hi - lo) for v in values]
+    lo = min(present)
+    return minmax([lo if v is None else v for v in values])
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 
 from service.config import Config
-from service.domain import LegKind, LegReport, LegStatus, LegTiming
+from service.domain import LegKind, LegReport, LegStatus
 from service.engines.base import Engine
 from service.errors import DeadlineExceeded
 from service.models.passage_states import rerank_passage_text
@@ -23,16 +22,6 @@ from service.pipeline.head_order import HeadOrder, head_signals
 from service.pipeline.legs import REPLY_MARGIN_S, classify_failure, leg_timing
 from service.pipeline.request import AttemptRequest
 from service.pipeline.rerank_states import StatesWriteBack, stored_states
-
-
-@dataclass(frozen=True)
-class RerankOutcome:
-    """What the stage did to the head, for the attempt's result."""
-
-    reranked: bool  # the head now carries rerank scores, in the head order
-    report: LegReport
-    timing: LegTiming | None = None  # model time to add to the attempt's (when reranked)
-    degraded: bool = False  # the reranker failed or ran out of time: fused order served
 
 
 class RerankStage:
@@ -54,11 +43,13 @@ class RerankStage:
             detail = self.unavailable
         return LegReport(LegKind.RERANK, LegStatus.SKIPPED, 0.0, 0, detail)
 
-    async def run(self, req: AttemptRequest, ranked: list[Candidate], deadline: float, query: str) -> RerankOutcome:
+    async def run(self, req: AttemptRequest, ranked: list[Candidate], deadline: float, query: str) -> LegReport:
         """Rerank the first ``rerank_top_n`` of ``ranked`` in place against ``query`` (the
-        plan's rerank query); the head order's script is the request's, as for fusion."""
+        plan's rerank query); the head order's script is the request's, as for fusion. The
+        report says what happened: OK (reranked, in the head order), SKIPPED, or TIMEOUT /
+        ERROR (the fused order stands and the attempt is degraded)."""
         if req.rerank is False or self.runtime.reranker is None:
-            return RerankOutcome(False, self.skipped(req, ""))
+            return self.skipped(req, "")
         head = ranked[: self.cfg.rerank_top_n]
         t0 = time.monotonic()
         left = deadline - t0 - REPLY_MARGIN_S
@@ -78,14 +69,12 @@ class RerankStage:
             raise
         except BaseException as exc:
             status, detail = classify_failure(exc)
-            report = LegReport(LegKind.RERANK, status, (time.monotonic() - t0) * 1000, 0,
-                               f"{detail}; fell back to the fused order", leg_timing(timing))
-            return RerankOutcome(False, report, degraded=True)
+            return LegReport(LegKind.RERANK, status, (time.monotonic() - t0) * 1000, 0,
+                             f"{detail}; fell back to the fused order", leg_timing(timing))
         for c, s in zip(head, scores):
             c.rerank_score = float(s)
         order = self.head_order.order(head_signals(head), is_cjk(req.query))
         head[:] = [head[i] for i in order]
         ranked[: len(head)] = head
-        report = LegReport(LegKind.RERANK, LegStatus.OK, (time.monotonic() - t0) * 1000, len(head), "",
-                           leg_timing(timing))
-        return RerankOutcome(True, report, leg_timing(timing))
+        return LegReport(LegKind.RERANK, LegStatus.OK, (time.monotonic() - t0) * 1000, len(head), "",
+                         leg_timing(timing))
