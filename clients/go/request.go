@@ -18,7 +18,7 @@ type Request struct {
 	SourceIDs   []string          // empty = every source
 	Metadata    map[string]string // exact equality, e.g. {"category": "pricing"}
 	// Options.
-	Legs            []string // "bm25", "knn"; empty = both
+	Legs            []string // "bm25", "knn", "knn_latin"; empty = the server's default legs
 	Rerank          *bool    // nil = server default
 	MinQuality      float64  // 0 = server default
 	MaxContextChars uint32   // 0 = server default
@@ -37,7 +37,7 @@ type Budget struct {
 const DefaultTopK = 10
 
 var collections = map[string]pb.Collection{"doc": pb.Collection_COLLECTION_DOC, "faq": pb.Collection_COLLECTION_FAQ}
-var legKinds = map[string]pb.LegKind{"bm25": pb.LegKind_LEG_KIND_BM25, "knn": pb.LegKind_LEG_KIND_KNN}
+var legKinds = map[string]pb.LegKind{"bm25": pb.LegKind_LEG_KIND_BM25, "knn": pb.LegKind_LEG_KIND_KNN, "knn_latin": pb.LegKind_LEG_KIND_KNN_LATIN}
 
 // Proto is the request as sent.
 func (r Request) Proto() *pb.RetrieveRequest {

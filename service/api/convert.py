@@ -31,7 +31,7 @@ _STATUS_IN = {
 _STATUS_OUT = {"approved": types_pb2.SOURCE_STATUS_APPROVED, "draft": types_pb2.SOURCE_STATUS_DRAFT,
                "retired": types_pb2.SOURCE_STATUS_RETIRED}
 _LEG_IN = {types_pb2.LEG_KIND_BM25: LegKind.BM25, types_pb2.LEG_KIND_KNN: LegKind.KNN,
-           types_pb2.LEG_KIND_RERANK: LegKind.RERANK}
+           types_pb2.LEG_KIND_RERANK: LegKind.RERANK, types_pb2.LEG_KIND_KNN_LATIN: LegKind.KNN_LATIN}
 
 
 def outcome_to_pb(o: Outcome) -> types_pb2.AttemptOutcome.ValueType:
@@ -128,6 +128,8 @@ def evidence_to_pb(e: EvidenceOut) -> retrieval_pb2.EvidenceItem:
         msg.bm25_score = c.bm25_score
     if c.dense_score is not None:
         msg.dense_score = c.dense_score
+    if c.latin_dense_score is not None:
+        msg.latin_dense_score = c.latin_dense_score
     if c.rerank_score is not None:
         msg.rerank_score = c.rerank_score
     return msg

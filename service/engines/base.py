@@ -37,6 +37,15 @@ class EngineUnavailable(EngineError):
     """The engine is unreachable or failed (connection refused, 5xx, closed store)."""
 
 
+class VectorField(enum.Enum):
+    """Which of a chunk's vectors a kNN search reads: ``vector``, the embedder's (every
+    chunk has one), or ``latin_vector``, the Latin-script embedder's (``latin_embedding_model``;
+    only chunks without Han characters have one, README "The Latin-script dense leg")."""
+
+    PRIMARY = "vector"
+    LATIN = "latin_vector"
+
+
 class PartialReason(enum.Enum):
     NONE = "none"
     TIMED_OUT = "timed_out"  # engine stopped early (OpenSearch timed_out: true)
@@ -67,6 +76,7 @@ class ChunkRecord:
     metadata: Mapping[str, str] = field(default_factory=dict)
     content_hash: str = ""  # hash of the whole source document version (idempotent ingest)
     vector: Vector | None = None  # unit-length embedding of search_text
+    latin_vector: Vector | None = None  # the Latin-script embedder's, for chunks without Han characters
     # The reranker's passage states for this chunk (service/models/passage_states.py) and the
     # key of the model that wrote them; stored with the chunk (so a re-ingest replaces them)
     # but never carried by search hits. Read them with ``Engine.passage_states``.
@@ -160,8 +170,11 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     async def knn(
-        self, vector: Vector, k: int, flt: SearchFilter, timeout_s: float
-    ) -> SearchResponse: ...
+        self, vector: Vector, k: int, flt: SearchFilter, timeout_s: float,
+        field: VectorField = VectorField.PRIMARY,
+    ) -> SearchResponse:
+        """Nearest chunks to ``vector`` by ``field``; chunks without that vector are not
+        candidates."""
 
     @abc.abstractmethod
     async def get_chunks(self, chunk_ids: Sequence[str]) -> list[ChunkRecord]:

@@ -32,13 +32,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from service.eval.item_dump import column
 from service.pipeline.fusion import is_cjk
 from service.pipeline.quality import (
     CALIBRATION_VERSION,
-    HYBRID_FEATURES,
     LEG_SETS,
-    RERANK_FEATURES,
     Logistic,
+    features_for,
     signals,
 )
 
@@ -49,48 +49,61 @@ ECE_BINS = 10
 Row = tuple[dict[str, float], bool, int]
 
 
+def record_legs(record: dict[str, Any]) -> str:
+    """The leg set of a dumped list: "all" when the Latin-script leg answered beside BM25 and
+    kNN, else "both" (dumps before the leg recorded no ``legs_ok``)."""
+    return "all" if {"BM25", "KNN", "KNN_LATIN"} <= set(record.get("legs_ok", ())) else "both"
+
+
 def _rows_of(record: dict[str, Any], kind: str, legs: str, top: int) -> list[Row]:
     """(signals, is a judged answer, rank) of the top ``top`` items of one list, as serving
     would see it: ``rerank`` = the reranked head in final order; ``hybrid`` with legs
-    ``both`` = the fused order, ``bm25`` / ``knn`` = that leg alone (its hits in its own
-    order, fused score = its RRF term, so relative to the best = (k + 1) / (k + rank)).
+    ``both`` (or ``all``) = the fused order, ``bm25`` / ``knn`` = that leg alone (its hits in
+    its own order, fused score = its RRF term, so relative to the best = (k + 1) / (k + rank)).
     ``rerank`` with one leg: the reranked items that leg found, with the other leg's signals
     removed and the fused score of that leg's rank (the dump's head was chosen by both legs:
     an approximation of a single-leg head)."""
     all_items = record["items"]
     k = float(record.get("rrf_k", 60))
-    col = 1 if legs == "bm25" else 2
+    fused_order = legs in ("both", "all")
     leg_rank: dict[str, int] = {}
-    if legs != "both":
-        in_leg = sorted((r for r in all_items if r[col] is not None), key=lambda r: -r[col])
-        leg_rank = {r[0]: i for i, r in enumerate(in_leg, start=1)}
+    in_leg: list[list[Any]] = []
+    if not fused_order:
+        col = "bm25" if legs == "bm25" else "dense"
+        in_leg = sorted((r for r in all_items if column(r, col) is not None), key=lambda r: -column(r, col))
+        leg_rank = {column(r, "source_id"): i for i, r in enumerate(in_leg, start=1)}
     if kind == "rerank":
-        items = [r for r in all_items if r[4] is not None and (legs == "both" or r[0] in leg_rank)]
-    elif legs == "both":
-        items = sorted(all_items, key=lambda r: -r[3])
+        items = [r for r in all_items if column(r, "rerank") is not None
+                 and (fused_order or column(r, "source_id") in leg_rank)]
+    elif fused_order:
+        items = sorted(all_items, key=lambda r: -column(r, "fused"))
     else:
         items = in_leg
     relevant = set(record["relevant"])
     out = []
-    for rank, (sid, bm25, dense, fused, rerank, _q) in enumerate(items[:top], start=1):
-        if legs != "both":
+    for rank, row in enumerate(items[:top], start=1):
+        sid, bm25, dense, fused, rerank, latin = (column(row, c) for c in
+                                                  ("source_id", "bm25", "dense", "fused", "rerank", "latin_dense"))
+        if not fused_order:
             x = signals(dense_score=dense if legs == "knn" else None, bm25_score=bm25 if legs == "bm25" else None,
                         fused_score=(k + 1) / (k + leg_rank[sid]), max_fused=1.0,
                         rerank_score=rerank if kind == "rerank" else None)
         else:
             x = signals(dense_score=dense, bm25_score=bm25, fused_score=fused, max_fused=record["max_fused"],
-                        rerank_score=rerank if kind == "rerank" else None)
+                        rerank_score=rerank if kind == "rerank" else None, latin_score=latin)
         out.append((x, sid in relevant, rank))
     return out
 
 
 def load_rows(paths: Sequence[Path], kind: str, top: int, legs: str = "both") -> dict[str, list[Row]]:
-    """Rows per language ("en" / "cjk") from item dumps; degraded attempts are left out."""
+    """Rows per language ("en" / "cjk") from item dumps; degraded attempts are left out, and
+    so are lists of the other leg set (``all`` reads the lists the Latin-script leg answered
+    in; the others read the rest)."""
     by_lang: dict[str, list[Row]] = {"en": [], "cjk": []}
     for path in paths:
         data: dict[str, Any] = json.loads(Path(path).read_text(encoding="utf-8"))
         for record in data.values():
-            if record.get("degraded") or not record["items"]:
+            if record.get("degraded") or not record["items"] or (record_legs(record) == "all") != (legs == "all"):
                 continue
             by_lang["cjk" if is_cjk(record["query"]) else "en"] += _rows_of(record, kind, legs, top)
     return by_lang
@@ -146,13 +159,13 @@ GATE_RULE = ("per model (leg set and language; none for BM25 alone), the min_qua
 GATE_GRID = tuple(round(0.005 * i, 3) for i in range(1, 61))
 
 
-def choose_gates(valid: Sequence[Path], off_domain: Sequence[Path], kind: str, models: dict[str, Any]
-                 ) -> dict[str, float]:
+def choose_gates(valid: Sequence[Path], off_domain: Sequence[Path], kind: str, models: dict[str, Any],
+                 leg_sets: Sequence[str] = ("both", "knn")) -> dict[str, float]:
     gates = {}
     # No gate for BM25-only lists: BM25 scores scale with the corpus (IDF over its size), so
     # a threshold fitted on one corpus misjudges a small one; BM25 alone answers EMPTY when
     # no term matches, and the quality still says how weak a match is.
-    for legs in ("both", "knn"):
+    for legs in (legs for legs in leg_sets if legs != "bm25"):
         curves = gate_curve(valid, off_domain, {"version": CALIBRATION_VERSION, "kind": kind, "onnx_sha256": "",
                                                 "models": models}, GATE_GRID, legs)
         for lang, rows in curves.items():
@@ -165,39 +178,55 @@ GATE_CURVE = (0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.12, 0.15, 0.2)
 
 
 def fit(train: Sequence[Path], valid: Sequence[Path], *, hybrid_sha: str, rerank_sha: str, out: Path,
-        top: int = 3, l2: float = 1.0, off_domain: Sequence[Path] = ()) -> dict[str, Any]:
+        top: int = 3, l2: float = 1.0, off_domain: Sequence[Path] = (),
+        leg_sets: Sequence[str] = ("both", "bm25", "knn"), merge: dict[str, dict[str, Any]] | None = None
+        ) -> dict[str, Any]:
     """``off_domain``: item dumps of unjudged off-domain questions (``service eval
-    --off-domain``), fitted as negatives beside ``train`` (every item is a miss)."""
+    --off-domain``), fitted as negatives beside ``train`` (every item is a miss).
+    ``leg_sets``: the models to fit (``all``: lists the Latin-script leg answered in, from
+    dumps of runs that served it; there are no Han-script ones). ``merge``: per kind, a
+    shipped calibration of the same model whose other models and gates are kept."""
     out.mkdir(parents=True, exist_ok=True)
     train = [*train, *off_domain]
     report: dict[str, Any] = {"label": "item is a judged answer (InsuranceQA); off-domain questions: none is",
                               "rows_per_list": top, "fitted_on": [str(p) for p in train],
                               "measured_on": [str(p) for p in valid], "sources": {}, "gate": {}}
     docs: dict[str, dict[str, Any]] = {}
-    for kind, features, sha in (("hybrid", HYBRID_FEATURES, hybrid_sha), ("rerank", RERANK_FEATURES, rerank_sha)):
+    for kind, sha in (("hybrid", hybrid_sha), ("rerank", rerank_sha)):
         if not sha:
             continue
-        models: dict[str, Any] = {}
+        base = (merge or {}).get(kind)
+        if base is not None and base.get("onnx_sha256") != sha:
+            raise ValueError(f"the {kind} calibration to merge into was fitted on another model")
+        models: dict[str, Any] = dict(base["models"]) if base else {}
         src: dict[str, Any] = {}
-        for legs in LEG_SETS:
+        for legs in leg_sets:
+            if legs not in LEG_SETS:
+                raise ValueError(f"unknown leg set {legs!r} (known: {', '.join(LEG_SETS)})")
             tr, va = load_rows(train, kind, top, legs), load_rows(valid, kind, top, legs)
+            features = features_for(kind, legs)
             for lang in ("en", "cjk"):
                 key = f"{legs}/{lang}"
                 if not tr[lang]:
+                    if legs == "all":  # Han-script queries never run the Latin-script leg
+                        continue
                     raise ValueError(f"no {lang} train rows for the {kind} calibration ({legs})")
                 model = fit_logistic(*matrix(tr[lang], features), features, l2)
                 models[key] = model.to_json()
                 src[key] = _measure(model, tr[lang], va[lang], features)
+        gates = dict(base.get("gate", {})) if base else {}
+        if valid and off_domain:
+            gates.update(choose_gates(valid, off_domain, kind, models, leg_sets))
+        fitted = {key: {k: v for k, v in r.items() if k != "reliability_top1"} for key, r in src.items()}
         doc = {"version": CALIBRATION_VERSION, "kind": kind, "onnx_sha256": sha,
                "label": report["label"], "rows_per_list": top, "l2": l2, "models": models,
-               **({"gate": choose_gates(valid, off_domain, kind, models), "gate_rule": GATE_RULE}
-                  if valid and off_domain else {}),
-               "valid": {key: {k: v for k, v in r.items() if k != "reliability_top1"} for key, r in src.items()}}
+               **({"gate": gates, "gate_rule": GATE_RULE} if gates else {}),
+               "valid": {**(base.get("valid", {}) if base else {}), **fitted}}
         (out / f"{kind}.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
         docs[kind] = doc
         report["sources"][kind] = src
         if valid and off_domain:
-            report["gate"][kind] = gate_curve(valid, off_domain, doc, GATE_CURVE)
+            report["gate"][kind] = gate_curve(valid, off_domain, doc, GATE_CURVE, "all" if "all" in leg_sets else "both")
     if valid and off_domain and hybrid_sha and rerank_sha:
         report["gate"]["rerank_with_first_stage"] = serving_gate_rates(valid, off_domain, docs["hybrid"], docs["rerank"])
     (out / "calibration_report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
@@ -231,8 +260,7 @@ def _top1_quality(paths: Sequence[Path], calibration: dict[str, Any], legs: str 
 
     kind = str(calibration["kind"])
     cal = parse_calibration(calibration, kind)
-    features = RERANK_FEATURES if kind == "rerank" else HYBRID_FEATURES
-    return {lang: [(cal.probability({f: r[0][f] for f in features}, lang == "cjk", legs), r[1]) for r in rows]
+    return {lang: [(cal.probability(r[0], lang == "cjk", legs), r[1]) for r in rows]
             for lang, rows in load_rows(paths, kind, 1, legs).items()}
 
 
@@ -300,13 +328,14 @@ def both_judges_at_gates(paths: Sequence[Path], hybrid: dict[str, Any], rerank: 
             if record.get("degraded") or not record["items"]:
                 continue
             cjk = is_cjk(record["query"])
-            reranked, fused = _rows_of(record, "rerank", "both", 1), _rows_of(record, "hybrid", "both", 1)
+            legs = record_legs(record)
+            reranked, fused = _rows_of(record, "rerank", legs, 1), _rows_of(record, "hybrid", legs, 1)
             if not reranked:
                 continue
             (xr, hit, _), (xh, _, _) = reranked[0], fused[0]
             passed = served.passes_default_gate(
-                r.probability({f: xr[f] for f in RERANK_FEATURES}, cjk), QualitySource.RERANKER_PROBABILITY, cjk,
-                first_stage=h.probability({f: xh[f] for f in HYBRID_FEATURES}, cjk))
+                r.probability(xr, cjk, legs), QualitySource.RERANKER_PROBABILITY, cjk,
+                legs, first_stage=h.probability(xh, cjk, legs))
             out["cjk" if cjk else "en"].append((passed, hit))
     return out
 
@@ -356,6 +385,12 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--out", type=Path, required=True)
     f.add_argument("--rows", type=int, default=3)
     f.add_argument("--l2", type=float, default=1.0)
+    f.add_argument("--leg-sets", default="both,bm25,knn",
+                   help="models to fit: both,bm25,knn (two-leg runs) or all (runs with the Latin-script leg)")
+    f.add_argument("--merge-hybrid", type=Path, default=None,
+                   help="the embedder's shipped quality_calibration.json: keep its other models and gates")
+    f.add_argument("--merge-rerank", type=Path, default=None,
+                   help="the reranker's shipped quality_calibration.json: keep its other models and gates")
     c = sub.add_parser("curve", help="answerable questions kept per min_quality, from valid item dumps")
     c.add_argument("--valid", type=Path, nargs="+", required=True)
     c.add_argument("--calibration", type=Path, required=True, help="a fitted hybrid.json / rerank.json")
@@ -380,8 +415,11 @@ def main(argv: list[str] | None = None) -> int:
 
     hybrid_sha = str(read_manifest(a.embedding_dir, "embedding")["onnx_sha256"])
     rerank_sha = str(read_manifest(a.reranker_dir, "cross-encoder")["onnx_sha256"]) if a.reranker_dir else ""
+    merge = {kind: json.loads(path.read_text(encoding="utf-8"))
+             for kind, path in (("hybrid", a.merge_hybrid), ("rerank", a.merge_rerank)) if path is not None}
     report = fit(a.train, a.valid, hybrid_sha=hybrid_sha, rerank_sha=rerank_sha, out=a.out, top=a.rows, l2=a.l2,
-                 off_domain=a.off_domain)
+                 off_domain=a.off_domain, leg_sets=[x.strip() for x in a.leg_sets.split(",") if x.strip()],
+                 merge=merge)
     for kind, langs in report["sources"].items():
         for lang, res in langs.items():
             print(f"{kind:7s} {lang:4s} " + ", ".join(f"{k} {v}" for k, v in res.items() if k != "reliability_top1"),

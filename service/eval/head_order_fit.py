@@ -23,10 +23,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from service.eval.item_dump import column
 from service.eval.metrics import ndcg_at_k
 from service.pipeline.head_order import FEATURES, HeadOrder
-
-_COLUMNS = {"bm25": 1, "dense": 2, "fused": 3, "rerank": 4}  # runner.py's item rows
 STEPS = (-1.0, -0.5, -0.25, -0.1, -0.05, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
@@ -44,10 +43,10 @@ def load_heads(path: Path) -> list[Head]:
     for record in data.values():
         if record.get("degraded"):
             continue
-        rows = [r for r in record["items"] if r[_COLUMNS["rerank"]] is not None]
+        rows = [r for r in record["items"] if column(r, "rerank") is not None]
         if len(rows) < 2:
             continue
-        heads.append(Head([str(r[0]) for r in rows], {f: [r[c] for r in rows] for f, c in _COLUMNS.items()},
+        heads.append(Head([str(column(r, "source_id")) for r in rows], {f: [column(r, f) for r in rows] for f in FEATURES},
                           set(record["relevant"])))
     return heads
 

@@ -150,7 +150,7 @@ class _Live:
     server: Any = None
     workdir: Path | None = None
     model_ids: list[str] = dataclasses.field(default_factory=list)
-    embedder: Any = None
+    embedders: list[Any] = dataclasses.field(default_factory=list)  # cached ones, flushed at the end
 
 
 def passage_texts(judged: Judged, cfg: Any) -> list[str]:
@@ -178,7 +178,7 @@ async def _start(settings: EvalSettings, model: str, judged: Judged) -> _Live:
         return _Live(settings.target, channel, retrieval_pb2_grpc.RetrievalServiceStub(channel),
                      corpus_pb2_grpc.CorpusServiceStub(channel), model_ids=[f"server at {settings.target}"])
 
-    from service.app import DUMMY_EMBEDDER, App, _model_dir
+    from service.app import DUMMY_EMBEDDER, App, _model_dir, resolve_latin_model
     from service.config import Config, load_config
     from service.eval.embedding_cache import CachedEmbedder
     from service.models.dummy import HashEmbedder
@@ -206,28 +206,45 @@ async def _start(settings: EvalSettings, model: str, judged: Judged) -> _Live:
     if settings.chunk_chars is not None:
         overrides["parent_chars"] = max(base.parent_chars, settings.chunk_chars)
     cfg: Config = dataclasses.replace(base, **overrides)
+    cfg = dataclasses.replace(cfg, latin_embedding_model=resolve_latin_model(cfg))
     if cfg.embedding_model == DUMMY_EMBEDDER:  # BM25-only studies: skip the real model
         app = App.build(cfg, embedder=HashEmbedder())
-        return await _serve(app, workdir, None)
+        return await _serve(app, workdir, [])
     path = _model_dir(cfg, cfg.embedding_model)
     if not (path / "model.onnx").exists():
         raise FileNotFoundError(f"embedding model not found at {path}; build it with `python -m service models build`")
     embedder = CachedEmbedder(load_embedder(path, threads=cfg.model_threads))
     texts = passage_texts(judged, cfg)
+    await _warm(settings, embedder, texts, f"{model}", len(judged.corpus), cfg.model_workers)
+    latin = None
+    if cfg.latin_embedding_model:  # the Latin-script dense leg: its vectors for chunks without Han
+        from service.script import has_han
+
+        latin_path = _model_dir(cfg, cfg.latin_embedding_model)
+        if not (latin_path / "model.onnx").exists():
+            raise FileNotFoundError(f"Latin-script embedding model not found at {latin_path}")
+        latin = CachedEmbedder(load_embedder(latin_path, threads=cfg.model_threads))
+        await _warm(settings, latin, [t for t in texts if not has_han(t)], cfg.latin_embedding_model,
+                    len(judged.corpus), cfg.model_workers)
+    app = App.build(cfg, embedder=embedder, latin_embedder=latin)
+    return await _serve(app, workdir, [e for e in (embedder, latin) if e is not None])
+
+
+async def _warm(settings: Any, embedder: Any, texts: list[str], name: str, documents: int, workers: int) -> None:
+    """Fill the embedding cache with what ingest will ask for, in parallel up front."""
     missing = sum(not embedder.contains(t) for t in set(texts))
-    _say(settings, f"[{model}] {len(judged.corpus)} documents -> {len(texts)} passages; "
+    _say(settings, f"[{name}] {documents} documents -> {len(texts)} passages; "
                    f"{len(texts) - missing} cached, embedding {missing} (cache: {embedder.dir})")
     if missing:
         t0 = time.monotonic()
-        await asyncio.to_thread(embedder.warm, texts, workers=cfg.model_workers,
-                                progress=_Progress(settings, f"embed corpus [{model}]", missing))
+        await asyncio.to_thread(embedder.warm, texts, workers=workers,
+                                progress=_Progress(settings, f"embed corpus [{name}]", missing))
         if missing > 5000:
             embedder.compact()
-        _say(settings, f"[{model}] embedded {missing} passages in {time.monotonic() - t0:.0f}s")
-    return await _serve(App.build(cfg, embedder=embedder), workdir, embedder)
+        _say(settings, f"[{name}] embedded {missing} passages in {time.monotonic() - t0:.0f}s")
 
 
-async def _serve(app: Any, workdir: Path, embedder: Any) -> _Live:
+async def _serve(app: Any, workdir: Path, embedders: list[Any]) -> _Live:
     import grpc
 
     from service._gen.retrieval.v1 import corpus_pb2_grpc, retrieval_pb2_grpc
@@ -239,7 +256,7 @@ async def _serve(app: Any, workdir: Path, embedder: Any) -> _Live:
     channel = grpc.aio.insecure_channel(target)
     return _Live(target, channel, retrieval_pb2_grpc.RetrievalServiceStub(channel),
                  corpus_pb2_grpc.CorpusServiceStub(channel), app, server, workdir,
-                 model_ids=app.runner.model_ids, embedder=embedder)
+                 model_ids=app.runner.model_ids, embedders=embedders)
 
 
 async def _stop(live: _Live) -> None:
@@ -251,8 +268,8 @@ async def _stop(live: _Live) -> None:
             except Exception as exc:  # noqa: BLE001 - best-effort cleanup of throwaway indices
                 log.warning("could not drop eval indices: %s", exc)
         await live.server.stop(1.0)
-    if live.embedder is not None:
-        live.embedder.flush()
+    for embedder in live.embedders:
+        embedder.flush()
     if live.workdir is not None:
         shutil.rmtree(live.workdir, ignore_errors=True)
 
@@ -295,8 +312,8 @@ async def _ingest(settings: EvalSettings, live: _Live, judged: Judged, label: st
     elapsed = time.monotonic() - t0
     if errors:
         _say(settings, f"  ingest errors ({len(errors)}): {errors[:3]}")
-    cache = {} if live.embedder is None else {"embedding_cache_hits": live.embedder.hits,
-                                              "embedding_cache_misses": live.embedder.misses}
+    cache = {} if not live.embedders else {"embedding_cache_hits": sum(e.hits for e in live.embedders),
+                                           "embedding_cache_misses": sum(e.misses for e in live.embedders)}
     return {"documents": len(ids), **totals, "errors": len(errors), "error_examples": errors[:10],
             "seconds": round(elapsed, 1), **cache}
 
@@ -343,13 +360,17 @@ def _request(query: str, mode: str, top_k: int) -> Any:
 
 def _fusion(live: _Live, query: str) -> dict[str, float]:
     """The server's fusion for ``query``: its RRF k and the best possible fused score with
-    both legs (what the quality calibration normalises by)."""
+    every leg the server runs for it by default (what the quality calibration normalises by:
+    BM25 and kNN, and the Latin-script leg where it runs for this query)."""
     from service.config import load_config
-    from service.pipeline.fusion import fusion_for, max_rrf_score
+    from service.pipeline.fusion import fusion_for, is_cjk, max_rrf_score
 
     cfg = live.app.cfg if live.app is not None else load_config(None)
     f = fusion_for(query, cfg)
-    return {"max_fused": max_rrf_score([f.bm25_weight, f.knn_weight], f.rrf_k), "rrf_k": f.rrf_k}
+    weights = [f.bm25_weight, f.knn_weight]
+    if cfg.latin_embedding_model and not is_cjk(query):
+        weights.append(f.latin_knn_weight)
+    return {"max_fused": max_rrf_score(weights, f.rrf_k), "rrf_k": f.rrf_k}
 
 
 async def _run_mode(settings: EvalSettings, live: _Live, judged: Judged, model: str, mode: str
@@ -394,10 +415,12 @@ async def _run_mode(settings: EvalSettings, live: _Live, judged: Judged, model: 
             if kind == "evidence":
                 e = ev.evidence
                 if len(rows) < CALIBRATION_ITEMS or not e.HasField("rerank_score"):
-                    # [source_id, bm25, dense, fused, rerank, quality]; None = the leg missed it
+                    # item_dump.ITEM_COLUMNS: [source_id, bm25, dense, fused, rerank, quality,
+                    # latin dense]; None = the leg missed it
                     rows.append([e.source_id, e.bm25_score if e.HasField("bm25_score") else None,
                                  e.dense_score if e.HasField("dense_score") else None, e.fused_score,
-                                 e.rerank_score if e.HasField("rerank_score") else None, e.quality])
+                                 e.rerank_score if e.HasField("rerank_score") else None, e.quality,
+                                 e.latin_dense_score if e.HasField("latin_dense_score") else None])
                 ranked.append(e.source_id)
                 # The leg's own score for single-leg modes (for offline score-fusion studies).
                 score.append(e.bm25_score if mode == "bm25" else e.dense_score if mode == "knn"
@@ -406,6 +429,8 @@ async def _run_mode(settings: EvalSettings, live: _Live, judged: Judged, model: 
                     head.append((e.fused_score, e.rerank_score))
             elif kind == "result":
                 record = {"outcome": types_pb2.AttemptOutcome.Name(ev.result.outcome),
+                          "legs_ok": sorted(types_pb2.LegKind.Name(leg.kind)[len("LEG_KIND_"):] for leg in ev.result.legs
+                                            if leg.status == types_pb2.LEG_STATUS_OK and leg.kind != types_pb2.LEG_KIND_RERANK),
                           "quality_source": types_pb2.QualitySource.Name(ev.result.quality_source),
                           "top_quality": ev.result.top_quality, "degraded": ev.result.degraded,
                           "relevance_level": types_pb2.RelevanceLevel.Name(ev.result.relevance_level)}

@@ -6,6 +6,9 @@ With a reranker that can reuse passage states (``runtime.states_key``) and ``rer
 on, each chunk's states are computed here too and stored with it (README "Cached passage
 states"); the hash leaves the reranker out, so a new reranker does not re-ingest anything:
 its key differs and reranks compute the states until the document is next re-ingested.
+With a Latin-script embedder (``latin_embedding_model``), chunks without Han characters also
+get its vector, in the same pool; the hash covers that model too, so turning it on re-embeds
+a document at its next ingest.
 """
 
 from __future__ import annotations
@@ -14,12 +17,16 @@ import asyncio
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from service.config import Config
-from service.engines.base import ChunkRecord, Engine, make_chunk_id
+from service.engines.base import ChunkRecord, Engine, Vector, make_chunk_id
 from service.ingest.chunking import chunk_document, embedded_text
 from service.ingest.documents import DocumentInput, validate_document
+from service.models.base import FloatArray
 from service.models.passage_states import rerank_passage_text
 from service.models.runtime import ModelRuntime
+from service.script import has_han
 
 # Ingest is not latency-critical; give embedding generous room but never wait forever.
 _EMBED_DEADLINE_S = 600.0
@@ -40,6 +47,9 @@ class Ingestor:
         self.runtime = runtime
         info = runtime.embedder.info
         self._model_key = f"{info.model_id}@{info.sha256}"
+        if runtime.latin_embedder is not None:
+            latin = runtime.latin_embedder.info
+            self._model_key += f"+latin:{latin.model_id}@{latin.sha256}"
 
     async def ingest(self, doc: DocumentInput) -> IngestOutcome:
         violations = validate_document(doc)
@@ -58,13 +68,19 @@ class Ingestor:
         deadline = time.monotonic() + _EMBED_DEADLINE_S
         states_key = self.runtime.states_key if self.runtime.ingest_states else None
         embedding = self.runtime.embed_passages(texts, deadline, batch=self.cfg.embed_batch)
+        # The Latin-script embedder's vectors, for chunks without Han characters.
+        latin_rows = [i for i, t in enumerate(texts) if not has_han(t)] if self.runtime.latin_embedder else []
+        latin_vectors: list[Vector | None] = [None] * len(pieces)
         if states_key is None:
-            vectors, _ = await embedding
+            (vectors, _), latin_matrix = await asyncio.gather(embedding, self._latin(texts, latin_rows, deadline))
             states: list[bytes | None] = [None] * len(pieces)
         else:  # the reranker's passage states, in the same pool, alongside the embeddings
-            (vectors, _), blobs = await asyncio.gather(embedding, self.runtime.passage_states(
-                [rerank_passage_text(doc.title, p.text) for p in pieces], deadline, batch=self.cfg.embed_batch))
+            (vectors, _), latin_matrix, blobs = await asyncio.gather(
+                embedding, self._latin(texts, latin_rows, deadline), self.runtime.passage_states(
+                    [rerank_passage_text(doc.title, p.text) for p in pieces], deadline, batch=self.cfg.embed_batch))
             states = list(blobs)
+        for row, i in enumerate(latin_rows):
+            latin_vectors[i] = latin_matrix[row]
         records = [
             ChunkRecord(
                 chunk_id=make_chunk_id(doc.source_id, p.index, doc.version),
@@ -72,7 +88,7 @@ class Ingestor:
                 collection=doc.collection, status=doc.status, title=doc.title,
                 breadcrumb=p.breadcrumb, text=p.text, parent_text=p.parent_text,
                 search_text=text, acl=doc.acl, metadata=dict(doc.metadata),
-                content_hash=content_hash, vector=vectors[i],
+                content_hash=content_hash, vector=vectors[i], latin_vector=latin_vectors[i],
                 rerank_states=states[i], rerank_states_key=states_key or "",
             )
             for i, (p, text) in enumerate(zip(pieces, texts))
@@ -82,3 +98,10 @@ class Ingestor:
             return IngestOutcome("failed", report.written,
                                  message="; ".join(f"{e.chunk_id}: {e.message}" for e in report.errors[:5]))
         return IngestOutcome("indexed", len(records))
+
+    async def _latin(self, texts: list[str], rows: list[int], deadline: float) -> FloatArray:
+        if not rows:
+            return np.zeros((0, 0), np.float32)
+        matrix, _ = await self.runtime.embed_passages([texts[i] for i in rows], deadline, batch=self.cfg.embed_batch,
+                                                      latin=True)
+        return matrix

@@ -347,8 +347,12 @@ class ModelRuntime:
         ingest_workers_while_querying: int = 1,
         passage_states: bool = True,
         ingest_states: bool = True,
+        latin_embedder: EmbeddingBackend | None = None,
     ) -> None:
         self.embedder = embedder
+        # The Latin-script embedder (``latin_embedding_model``): a second dense leg for
+        # queries and chunks without Han characters; None = no such leg.
+        self.latin_embedder = latin_embedder
         self.reranker = reranker
         self._metrics = metrics
         confine_numpy_blas()  # the pool's threads are the process's compute threads
@@ -376,6 +380,19 @@ class ModelRuntime:
             max_batch=max_batch, isolate_requests=not embedder.batch_invariant, gate=self.foreground,
             **{**common, "concurrency": ingest_threads},  # type: ignore[arg-type]
         )
+        self._latin_queries: MicroBatcher[str, FloatArray] | None = None
+        self._latin_passages: MicroBatcher[str, FloatArray] | None = None
+        if latin_embedder is not None:
+            self.latin_query_cache = QueryEmbeddingCache(query_cache_size, latin_embedder.info.sha256)
+            self._latin_queries = MicroBatcher(
+                "embed-query-latin", _timed_embed(latin_embedder, "query"), self.executor,
+                max_batch=max(max_batch, 32), isolate_requests=not latin_embedder.batch_invariant, **common,  # type: ignore[arg-type]
+            )
+            self._latin_passages = MicroBatcher(
+                "embed-passage-latin", _timed_embed(latin_embedder, "passage"), self.ingest_executor,
+                max_batch=max_batch, isolate_requests=not latin_embedder.batch_invariant, gate=self.foreground,
+                **{**common, "concurrency": ingest_threads},  # type: ignore[arg-type]
+            )
         self._rerank: MicroBatcher[RerankItem, RerankOut] | None = None
         self._states: MicroBatcher[str, bytes] | None = None
         if reranker is not None:
@@ -398,11 +415,13 @@ class ModelRuntime:
             )
         self._batchers: list[MicroBatcher[str, FloatArray] | MicroBatcher[RerankItem, RerankOut]
                              | MicroBatcher[str, bytes]] = [self._queries, self._passages] + [
-            b for b in (self._rerank, self._states) if b is not None]
+            b for b in (self._latin_queries, self._latin_passages, self._rerank, self._states) if b is not None]
 
     @property
     def model_infos(self) -> list[ModelInfo]:
         infos = [self.embedder.info]
+        if self.latin_embedder is not None:
+            infos.append(self.latin_embedder.info)
         if self.reranker is not None:
             infos.append(self.reranker.info)
         return infos
@@ -413,6 +432,8 @@ class ModelRuntime:
         # Warm up inside the pool so the first caller does not pay session start-up.
         deadline = time.monotonic() + 120
         await self._queries.submit(["warm up"], deadline)  # not via the cache: no query asked it
+        if self._latin_queries is not None:
+            await self._latin_queries.submit(["warm up"], deadline)
         if self._rerank is not None:
             await self.rerank("warm up", ["warm up"], deadline)
         if self._states is not None:  # and the two-graph path stored states take
@@ -429,31 +450,43 @@ class ModelRuntime:
         """Explicit overload check: any queue past 90% of its bound."""
         return any(b.depth >= 0.9 * b.capacity for b in self._batchers)
 
-    async def embed_query(self, text: str, deadline: float) -> tuple[FloatArray, Timing]:
-        cached = self.query_cache.get(text)
-        if self._metrics is not None and self.query_cache.size:
+    async def embed_query(self, text: str, deadline: float, *, latin: bool = False) -> tuple[FloatArray, Timing]:
+        """The query's vector by the embedder, or with ``latin`` by the Latin-script one."""
+        cache, batcher = self.query_cache, self._queries
+        if latin:
+            if self._latin_queries is None:
+                raise RuntimeError("no Latin-script embedder configured")
+            cache, batcher = self.latin_query_cache, self._latin_queries
+        cached = cache.get(text)
+        if self._metrics is not None and cache.size:
             self._metrics.query_cache.labels("hit" if cached is not None else "miss").inc()
         if cached is not None:
             self.foreground.touch()
             return cached, Timing()
         with self.foreground.foreground():
-            vectors, timing = await self._queries.submit([text], deadline)
-        self.query_cache.put(text, vectors[0])
+            vectors, timing = await batcher.submit([text], deadline)
+        cache.put(text, vectors[0])
         return vectors[0], timing
 
     async def embed_passages(
-        self, texts: Sequence[str], deadline: float, batch: int = 16
+        self, texts: Sequence[str], deadline: float, batch: int = 16, *, latin: bool = False
     ) -> tuple[FloatArray, Timing]:
+        """Passage vectors (ingest; the ingest pool), by the Latin-script embedder with ``latin``."""
+        batcher, embedder = self._passages, self.embedder
+        if latin:
+            if self._latin_passages is None or self.latin_embedder is None:
+                raise RuntimeError("no Latin-script embedder configured")
+            batcher, embedder = self._latin_passages, self.latin_embedder
         total = Timing()
         parts: list[FloatArray] = []
         pending = [
-            self._passages.submit(list(texts[i : i + batch]), deadline)
+            batcher.submit(list(texts[i : i + batch]), deadline)
             for i in range(0, len(texts), batch)
         ]
         for vectors, timing in await asyncio.gather(*pending):
             parts.extend(vectors)
             total = total.add(timing)
-        dim = self.embedder.dimension
+        dim = embedder.dimension
         matrix = np.stack(parts).astype(np.float32) if parts else np.zeros((0, dim), np.float32)
         return matrix, total
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from service.config import Config
 from service.domain import (
+    SEARCH_LEGS,
     GapKind,
     LegKind,
     LegReport,
@@ -36,6 +37,7 @@ from service.engines.base import (
     PartialReason,
     SearchFilter,
     SearchResponse,
+    VectorField,
 )
 from service.errors import DeadlineExceeded
 from service.ledger.base import NO_GAP_IN_RUN, RUN_NOT_OWNED, Ledger, LedgerUnavailable
@@ -47,9 +49,10 @@ from service.observability.tracing import AttemptTrace, Tracer
 from service.pipeline.fusion import (
     Candidate,
     FusionParams,
-    fuse_legs,
+    fuse_by_leg,
     fusion_for,
     is_cjk,
+    leg_weight,
     max_rrf_score,
 )
 from service.pipeline.context_budget import apply_plan_budget
@@ -154,6 +157,13 @@ class AttemptRunner:
         self.tracer.engine = engine.name
         self.tracer.models = {"KNN": runtime.embedder.info.model_id,
                               "RERANK": runtime.reranker.info.model_id if runtime.reranker else ""}
+        # The legs an attempt runs unless the request names some: the Latin-script dense leg
+        # too when its embedder is served (it skips queries with Han characters itself).
+        self.latin = runtime.latin_embedder is not None
+        if self.latin:
+            assert runtime.latin_embedder is not None
+            self.tracer.models["KNN_LATIN"] = runtime.latin_embedder.info.model_id
+        self.default_legs = (LegKind.BM25, LegKind.KNN) + ((LegKind.KNN_LATIN,) if self.latin else ())
         self.quality = quality or QualityModel()
         self.engine = engine
         self.runtime = runtime
@@ -180,25 +190,28 @@ class AttemptRunner:
             return _LegRun(LegReport(LegKind.BM25, status, (time.monotonic() - t0) * 1000, 0, detail), [])
         return _from_response(LegKind.BM25, resp, (time.monotonic() - t0) * 1000)
 
-    async def _knn(self, query: str, flt: SearchFilter, share_s: float, size: int) -> _LegRun:
+    async def _knn(self, query: str, flt: SearchFilter, share_s: float, size: int,
+                   kind: LegKind = LegKind.KNN) -> _LegRun:
+        """The kNN leg, or with ``kind`` KNN_LATIN the Latin-script embedder's."""
+        latin = kind is LegKind.KNN_LATIN
         t0 = time.monotonic()
         deadline = t0 + share_s
         timing = Timing()
         try:
             async with asyncio.timeout(share_s):
-                vector, timing = await self.runtime.embed_query(query, deadline)
+                vector, timing = await self.runtime.embed_query(query, deadline, latin=latin)
             left = deadline - time.monotonic()
             if left <= 0:
                 raise DeadlineExceeded("no time left for the vector search after embedding")
             async with asyncio.timeout(left):
-                resp = await self.engine.knn(vector, size, flt, left)
+                resp = await self.engine.knn(vector, size, flt, left, VectorField.LATIN if latin else VectorField.PRIMARY)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
             status, detail = classify_failure(exc)
-            report = LegReport(LegKind.KNN, status, (time.monotonic() - t0) * 1000, 0, detail, leg_timing(timing))
+            report = LegReport(kind, status, (time.monotonic() - t0) * 1000, 0, detail, leg_timing(timing))
             return _LegRun(report, [])
-        run = _from_response(LegKind.KNN, resp, (time.monotonic() - t0) * 1000)
+        run = _from_response(kind, resp, (time.monotonic() - t0) * 1000)
         run.report.timing = leg_timing(timing)
         return run
 
@@ -211,7 +224,17 @@ class AttemptRunner:
             calls.append(self._bm25(query, flt, share, size))
         if LegKind.KNN in legs:
             calls.append(self._knn(query, flt, share, size))
+        latin_skipped = ""
+        if LegKind.KNN_LATIN in legs:
+            if not self.latin:
+                latin_skipped = "no Latin-script embedder is served (latin_embedding_model)"
+            elif is_cjk(query):
+                latin_skipped = "the query has Han characters"
+            else:
+                calls.append(self._knn(query, flt, share, size, LegKind.KNN_LATIN))
         tasks = [asyncio.ensure_future(c) for c in calls]
+        if latin_skipped:
+            yield _LegRun(LegReport(LegKind.KNN_LATIN, LegStatus.SKIPPED, 0.0, 0, latin_skipped), [])
         try:
             for next_done in asyncio.as_completed(tasks):
                 yield await next_done
@@ -288,7 +311,7 @@ class AttemptRunner:
                 return
             top_k = min(top_k, decision.max_results_per_search)
 
-        legs = req.legs or (LegKind.BM25, LegKind.KNN)
+        legs = req.legs or self.default_legs
         fusion = fusion_for(req.query, cfg)
         acl = None if principal.unrestricted else principal.groups
         flt = SearchFilter(req.collections, req.source_ids, dict(req.metadata), acl)
@@ -406,7 +429,7 @@ class AttemptRunner:
     async def _emit_legs(
         self, req: AttemptRequest, flt: SearchFilter, legs: tuple[LegKind, ...], deadline: float
     ) -> AsyncIterator[_LegRun]:
-        skipped = [k for k in (LegKind.BM25, LegKind.KNN) if k not in legs]
+        skipped = [k for k in self.default_legs if k not in legs]
         async for run in self._search(req.query, flt, legs, deadline, self.cfg.candidates_per_leg):
             yield run
         for kind in skipped:
@@ -414,26 +437,29 @@ class AttemptRunner:
 
     @staticmethod
     def _fuse(runs: list[_LegRun], fusion: FusionParams) -> list[Candidate]:
-        hits = {r.report.kind: r.hits for r in runs}
-        return fuse_legs(hits.get(LegKind.BM25, []), hits.get(LegKind.KNN, []), fusion)
+        return fuse_by_leg({r.report.kind: r.hits for r in runs}, fusion)
 
     @staticmethod
     def _max_fused(runs: list[_LegRun], fusion: FusionParams) -> float:
         """Best possible fused score over the planned legs: a leg that failed still counts,
         so a degraded single-leg answer can never look PRECISE by rank alone."""
-        weights = [fusion.bm25_weight if r.report.kind is LegKind.BM25 else fusion.knn_weight
-                   for r in runs if r.report.status is not LegStatus.SKIPPED]
+        weights = [leg_weight(r.report.kind, fusion) for r in runs if r.report.status is not LegStatus.SKIPPED]
         return max_rrf_score(weights, fusion.rrf_k)
 
     @staticmethod
     def _answered(runs: list[_LegRun], fusion: FusionParams) -> tuple[str, float]:
-        """Which legs answered (finished OK): "both", "bm25" or "knn", and the best fused
-        score they could give. Quality calibrations are fitted per leg set."""
+        """Which legs answered (finished OK): "both" (BM25 and kNN), "all" (and the Latin-script
+        leg), "bm25" or "knn" (alone), else the kinds joined ("bm25+knn_latin": a set no
+        calibration is fitted for), and the best fused score they could give. Quality
+        calibrations are fitted per leg set."""
         ok = [r.report.kind for r in runs if r.report.status is LegStatus.OK]
         if not ok:  # partial hits from legs that did not finish: judge them as planned
             ok = [r.report.kind for r in runs if r.report.status is not LegStatus.SKIPPED]
-        weights = [fusion.bm25_weight if k is LegKind.BM25 else fusion.knn_weight for k in ok]
-        key = "both" if len(ok) == 2 else ("bm25" if ok == [LegKind.BM25] else "knn")
+        weights = [leg_weight(k, fusion) for k in ok]
+        kinds = frozenset(ok)
+        named = {frozenset((LegKind.BM25, LegKind.KNN)): "both", frozenset(SEARCH_LEGS): "all",
+                 frozenset((LegKind.BM25,)): "bm25", frozenset((LegKind.KNN,)): "knn"}
+        key = named.get(kinds) or ("+".join(sorted(k.value.lower() for k in kinds)) or "knn")
         return key, max_rrf_score(weights, fusion.rrf_k)
 
     def _weak(self, candidates: list[Candidate], runs: list[_LegRun], fusion: FusionParams, query: str) -> bool:

@@ -1,7 +1,8 @@
 """How the rerank stage orders its head: a weighted sum of min-max normalised signals.
 
-Every reranked candidate carries four signals: the reranker's logit, the fused (RRF) score,
-and the two legs' own scores (BM25, dense cosine). Each is min-max normalised over the head
+Every reranked candidate carries up to five signals: the reranker's logit, the fused (RRF)
+score, and the legs' own scores (BM25, dense cosine, and the Latin-script leg's cosine where
+that leg ran). Each is min-max normalised over the head
 (a leg that missed a candidate gives it the head's lowest value of that leg, i.e. 0), and
 the head is sorted by ``sum(weight[f] * normalised[f])``, with one weight set for Han-script
 queries and one for the rest (like the fusion settings and the quality calibration).
@@ -26,7 +27,7 @@ from typing import Any
 
 from service.pipeline.fusion import Candidate, minmax
 
-FEATURES = ("rerank", "fused", "bm25", "dense")
+FEATURES = ("rerank", "fused", "bm25", "dense", "latin_dense")
 SCRIPTS = ("latin", "cjk")  # the weight sets: queries without / with Han characters
 ORDER_FILE = "rerank_order.json"
 ORDER_VERSION = 1
@@ -115,7 +116,8 @@ def head_signals(head: Sequence[Candidate]) -> dict[str, list[float | None]]:
     """The features of reranked candidates (``rerank_score`` set), as the item dumps of
     ``service eval`` record them (the offline fit reads those)."""
     return {"rerank": [c.rerank_score for c in head], "fused": [c.fused_score for c in head],
-            "bm25": [c.bm25_score for c in head], "dense": [c.dense_score for c in head]}
+            "bm25": [c.bm25_score for c in head], "dense": [c.dense_score for c in head],
+            "latin_dense": [c.latin_dense_score for c in head]}
 
 
 def read_order(model_dir: Path) -> HeadOrder | None:

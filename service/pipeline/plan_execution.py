@@ -19,10 +19,10 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from service.config import Config
-from service.domain import LegKind, LegReport, LegStatus, LegTiming
+from service.domain import SEARCH_LEGS, LegKind, LegReport, LegStatus, LegTiming
 from service.engines.base import SearchFilter
 from service.errors import FieldViolation, InvalidArgument
-from service.pipeline.fusion import Candidate, FusionParams, fuse_legs
+from service.pipeline.fusion import Candidate, FusionParams, fuse_by_leg
 from service.pipeline.legs import LegRun
 from service.pipeline.request import AttemptRequest
 from service.pipeline.variants import fuse_variants
@@ -146,10 +146,11 @@ async def search_planned(search: SearchFn, req: AttemptRequest, flt: SearchFilte
             label = name if len(variants) == 1 else f"{name}/variant {i}"
             parts.extend((label, r) for r in runs)
             hits = {r.report.kind: r.hits for r in runs}
-            lists.append(fuse_legs(hits.get(LegKind.BM25, []), hits.get(LegKind.KNN, []), fusion))
+            lists.append(fuse_by_leg(hits, fusion))
         fused_lists.append([c for c, _ in fuse_variants(lists)])
     per_collection = fused_lists if req.plan is None else cut_to_plan(fused_lists, [size for _, _, size in searches])
-    runs = [_aggregate(kind, parts) for kind in (LegKind.BM25, LegKind.KNN)]
+    ran = {r.report.kind for _, r in parts}
+    runs = [_aggregate(kind, parts) for kind in SEARCH_LEGS if kind in ran or kind is not LegKind.KNN_LATIN]
     judge([c for lst in per_collection for c in lst], runs)
     merged = list(heapq.merge(*per_collection, key=lambda c: -c.quality))
     return PlannedSearch(runs, merged, variants)

@@ -44,15 +44,27 @@ FALLBACK_REFERENCE = 0.5  # REFERENCE where no gate was fitted (the design's thr
 CALIBRATION_VERSION = 1
 HYBRID_FEATURES = ("dense_cos", "has_dense", "bm25_log", "has_bm25", "fused_rel")
 RERANK_FEATURES = ("rerank_logit", *HYBRID_FEATURES)
+# The Latin-script leg's cosine: read by the models of lists that leg answered in ("all").
+LATIN_FEATURES = ("latin_cos", "has_latin")
+KNOWN_FEATURES = (*RERANK_FEATURES, *LATIN_FEATURES)
+
+
+def features_for(kind: str, legs: str) -> tuple[str, ...]:
+    """The features a calibration of ``kind`` fits for the leg set ``legs``."""
+    base = RERANK_FEATURES if kind == "rerank" else HYBRID_FEATURES
+    return (*base, *LATIN_FEATURES) if legs == "all" else base
 LANGUAGES = ("en", "cjk")  # cjk: queries with Han characters (same split as fusion_for)
-# Which legs the list came from: both, or one (requested alone, or the other failed). A
-# single-leg list has other signals (no agreement, fused score = that leg's rank, no
-# cosine), so each calibration has one model per leg set.
-LEG_SETS = ("both", "bm25", "knn")
+# Which legs the list came from: both (BM25 and a dense leg), or one kind (requested alone,
+# or the other failed). A single-leg list has other signals (no agreement, fused score =
+# that leg's rank, no cosine), so each calibration has one model per leg set. A list from the
+# Latin-script dense leg alone ("latin") has none fitted: its quality stays uncalibrated.
+# "all": BM25, kNN and the Latin-script leg (Latin-script queries where that leg is served);
+# a calibration fitted before it has no "all" model, and such lists stay uncalibrated.
+LEG_SETS = ("both", "bm25", "knn", "all")
 
 
 def signals(*, dense_score: float | None, bm25_score: float | None, fused_score: float, max_fused: float,
-            rerank_score: float | None = None) -> dict[str, float]:
+            rerank_score: float | None = None, latin_score: float | None = None) -> dict[str, float]:
     """The named features of one candidate. Everything here is also on the wire
     (``EvidenceItem``), so ``service eval`` fits on exactly what serving computes."""
     return {
@@ -62,6 +74,8 @@ def signals(*, dense_score: float | None, bm25_score: float | None, fused_score:
         "has_bm25": 1.0 if bm25_score is not None else 0.0,
         "fused_rel": fused_score / max_fused if max_fused > 0 else 0.0,
         "rerank_logit": float(rerank_score) if rerank_score is not None else 0.0,
+        "latin_cos": float(latin_score) if latin_score is not None else 0.0,
+        "has_latin": 1.0 if latin_score is not None else 0.0,
     }
 
 
@@ -91,7 +105,7 @@ class Logistic:
         vectors = [tuple(float(v) for v in d[k]) for k in ("mean", "scale", "coef")]
         if any(len(v) != len(features) for v in vectors) or any(s <= 0 for s in vectors[1]):
             raise ValueError("calibration vectors must match the features, scales > 0")
-        unknown = set(features) - set(RERANK_FEATURES)
+        unknown = set(features) - set(KNOWN_FEATURES)
         if unknown:
             raise ValueError(f"unknown calibration features {sorted(unknown)}")
         return cls(features, vectors[0], vectors[1], vectors[2], float(d["intercept"]))
@@ -114,6 +128,11 @@ class Calibration:
         """The gate of the model that judged the list: none where none was fitted (a leg
         set without one is not judged by another's)."""
         return self.gates.get(f"{legs}/{'cjk' if cjk else 'en'}", 0.0)
+
+    def covers(self, cjk: bool, legs: str) -> bool:
+        """Whether a model judges this leg set (the single-leg sets fall back to "both")."""
+        lang = "cjk" if cjk else "en"
+        return legs in LEG_SETS and (legs != "all" or f"all/{lang}" in self.models)
 
     def probability(self, x: Mapping[str, float], cjk: bool, legs: str = "both") -> float:
         lang = "cjk" if cjk else "en"
@@ -175,16 +194,17 @@ class QualityModel:
         single-leg answer never looks perfect by rank alone)."""
         scale = max_fused if answered_max_fused is None else answered_max_fused
         x = signals(dense_score=c.dense_score, bm25_score=c.bm25_score, fused_score=c.fused_score,
-                    max_fused=scale, rerank_score=c.rerank_score)
+                    max_fused=scale, rerank_score=c.rerank_score, latin_score=c.latin_dense_score)
         if reranked and c.rerank_score is not None:
-            if self.rerank is not None:
+            if self.rerank is not None and self.rerank.covers(cjk, legs):
                 c.quality = self.rerank.probability(x, cjk, legs)
             else:
                 c.quality = sigmoid(c.rerank_score)
             return QualitySource.RERANKER_PROBABILITY
-        if self.hybrid is not None:
+        if self.hybrid is not None and self.hybrid.covers(cjk, legs):
             c.quality = self.hybrid.probability(x, cjk, legs)
             return QualitySource.HYBRID_CALIBRATED
+        # No calibration, or none for this leg set (the Latin-script leg alone, say).
         return assign_quality(c, reranked=reranked, max_fused=max_fused)
 
     def default_gate(self, source: QualitySource, cjk: bool, legs: str = "both") -> float:
@@ -201,12 +221,12 @@ class QualityModel:
         """The hybrid calibration's probability for the fused top of ``ranked`` (what the
         legs alone say of the best they found, before rerank), without touching any
         ``quality``; None without a hybrid calibration or candidates."""
-        if self.hybrid is None or not ranked:
+        if self.hybrid is None or not ranked or not self.hybrid.covers(cjk, legs):
             return None
         c = max(ranked, key=lambda cand: cand.fused_score)
         scale = max_fused if answered_max_fused is None else answered_max_fused
         x = signals(dense_score=c.dense_score, bm25_score=c.bm25_score, fused_score=c.fused_score,
-                    max_fused=scale)
+                    max_fused=scale, latin_score=c.latin_dense_score)
         return self.hybrid.probability(x, cjk, legs)
 
     def gate(self, ranked: Sequence[Candidate], sources: Sequence[QualitySource], min_quality: float, *,

@@ -101,8 +101,8 @@ def validate(
         if not key.strip():
             v.append(FieldViolation("filters.metadata", "keys must not be empty"))
     for i, leg in enumerate(req.legs):
-        if leg not in (LegKind.BM25, LegKind.KNN):
-            v.append(FieldViolation(f"options.legs[{i}]", "only LEG_KIND_BM25 and LEG_KIND_KNN can be chosen; use options.rerank for reranking"))
+        if leg is LegKind.RERANK:
+            v.append(FieldViolation(f"options.legs[{i}]", "only LEG_KIND_BM25, LEG_KIND_KNN and LEG_KIND_KNN_LATIN can be chosen; use options.rerank for reranking"))
     if len(set(req.legs)) != len(req.legs):
         v.append(FieldViolation("options.legs", "lists a leg twice"))
     if req.rerank is True and not reranker_configured:

@@ -1,7 +1,8 @@
 """Cached passage states on a real OpenSearch node: the service stores them at ingest and
 reranks over them, a changed document's re-ingest replaces them, and an index created
 before them (its ``dynamic: strict`` mapping lacks ``rerank_states``) gets the two fields
-added in place when the engine starts."""
+added in place when the engine starts, as does one created before the Latin-script leg's
+``latin_vector``."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from opensearchpy import AsyncOpenSearch
 from service._gen.retrieval.v1 import corpus_pb2, types_pb2
 from service.app import DEFAULT_RERANKER
 from service.config import Config
-from service.engines.base import make_chunk_id
+from service.engines.base import VectorField, make_chunk_id
 from service.engines.opensearch import mapping
 from service.engines.opensearch.engine import OpenSearchEngine
 from service.models.base import EmbeddingBackend
@@ -23,7 +24,7 @@ from service.models.onnx_cross_encoder import OnnxCrossEncoder
 from service.offline.builder import default_models_dir
 from tests.support.harness import demo_documents, evidence_of, launch, result_of, shutdown
 from tests.support.opensearch import drop_prefix, opensearch_url_or_skip, unique_prefix
-from tests.unit.engines.test_engine_contract import chunk
+from tests.unit.engines.test_engine_contract import ALL, T, chunk, ids, unit
 
 pytestmark = pytest.mark.integration
 
@@ -84,5 +85,38 @@ async def test_old_index_gets_the_states_fields(request: pytest.FixtureRequest) 
         report = await engine.replace_document("S1", "v1", [c])
         assert report.written == 1 and not report.errors, report
         assert await engine.passage_states([(c.chunk_id, c.content_hash)], "k") == {c.chunk_id: b"\x00states\xff"}
+    finally:
+        await engine.close()
+
+
+async def test_old_index_gets_the_latin_vector_field(request: pytest.FixtureRequest) -> None:
+    """An index made before the Latin-script leg (no ``latin_vector``, and before the states
+    too) gets both added in place; its chunks keep answering the primary kNN, and a chunk
+    written afterwards with a Latin-script vector answers that field's kNN."""
+    url = opensearch_url_or_skip()
+    prefix = unique_prefix("latin")
+    request.addfinalizer(lambda: drop_prefix(url, prefix))
+    old = copy.deepcopy(mapping.index_template(prefix, 8, 1, 0))
+    for name in (*mapping.STATES_PROPERTIES, VectorField.LATIN.value):
+        del old["template"]["mappings"]["properties"][name]
+    client = AsyncOpenSearch(hosts=[url])
+    try:
+        await client.indices.put_index_template(name=mapping.template_name(prefix), body=old)
+        await client.indices.create(index=mapping.index_name(prefix, mapping.MAPPING_VERSION),
+                                    body=mapping.create_index_body(prefix))
+        await client.index(index=mapping.alias_name(prefix), id="S0#0@v1", refresh=True,
+                           body=mapping.chunk_to_doc(chunk("S0", 0, "old policy", vector=unit(1.0))))
+    finally:
+        await client.close()
+    engine = OpenSearchEngine(url, index_prefix=prefix, dimension=8, latin_dimension=8)
+    await engine.start()
+    try:
+        c = dataclasses.replace(chunk("S1", 0, "alpha policy", vector=unit(0.0, 1.0)), latin_vector=unit(1.0))
+        report = await engine.replace_document("S1", "v1", [c])
+        assert report.written == 1 and not report.errors, report
+        await engine.refresh()
+        latin = await engine.knn(unit(1.0), 5, ALL, T, field=VectorField.LATIN)
+        assert ids(latin.hits) == [c.chunk_id]  # the old chunk has no Latin-script vector
+        assert ids((await engine.knn(unit(1.0), 5, ALL, T)).hits) == ["S0#0@v1", c.chunk_id]
     finally:
         await engine.close()

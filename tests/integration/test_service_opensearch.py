@@ -18,7 +18,7 @@ from service.demo.corpus import DEMO_DOCUMENTS
 from service.engines.base import SearchFilter
 from service.models.base import EmbeddingBackend
 from tests.support import demo_expectations as expect
-from tests.support.harness import Live, demo_documents, evidence_of, legs_of, result_of
+from tests.support.harness import Live, demo_documents, evidence_of, legs_of, result_of, shutdown
 from tests.support.opensearch import drop_prefix, opensearch_url_or_skip, unique_prefix
 from tests.support.service_live import start_live, stop_live
 
@@ -211,4 +211,29 @@ async def test_reingest_is_idempotent_and_new_content_replaces_only_that_version
         assert top.evidence_id == "release-notes#0@v2.4"
     finally:
         await stop_live(live)
+        drop_prefix(os_url, prefix)
+
+
+async def test_the_latin_script_leg_on_opensearch(os_url: str, tmp_path: Path, e5_embedder: EmbeddingBackend) -> None:
+    """The Latin-script leg through the service on a real node: English chunks carry the
+    second vector, an English query's KNN_LATIN answers from it and fuses, a Chinese query
+    skips it (the hashing stand-in plays the second embedder, as in tests/e2e/test_latin_leg.py)."""
+    from service.models.dummy import HashEmbedder
+    from service.script import has_han
+    from tests.support.harness import launch
+
+    prefix = unique_prefix("latin")
+    live = await launch(os_config(os_url, prefix, tmp_path), e5_embedder, latin_embedder=HashEmbedder())
+    try:
+        events = await live.retrieve(query="How do I reset my password?", top_k=5)
+        result = result_of(events)
+        assert_opensearch(result)
+        legs = legs_of(result)
+        assert legs["LEG_KIND_BM25"] == legs["LEG_KIND_KNN"] == legs["LEG_KIND_KNN_LATIN"] == "LEG_STATUS_OK"
+        assert any(e.HasField("latin_dense_score") for e in evidence_of(events))
+        assert all(not has_han(e.excerpt) for e in evidence_of(events) if e.HasField("latin_dense_score"))
+        zh = result_of(await live.retrieve(query="如何开具发票", top_k=5))
+        assert legs_of(zh)["LEG_KIND_KNN_LATIN"] == "LEG_STATUS_SKIPPED"
+    finally:
+        await shutdown(live)
         drop_prefix(os_url, prefix)

@@ -70,9 +70,9 @@ StartServer = Callable[..., Awaitable[Live]]
 
 
 async def launch(cfg: Config, embedder: EmbeddingBackend, reranker: CrossEncoderBackend | None = None,
-                 demo: bool = True) -> Live:
+                 demo: bool = True, latin_embedder: EmbeddingBackend | None = None) -> Live:
     """Start a real server on a loopback port (optionally with the demo corpus ingested)."""
-    app = App.build(cfg, embedder=embedder, reranker=reranker)
+    app = App.build(cfg, embedder=embedder, reranker=reranker, latin_embedder=latin_embedder)
     server = Server(app)
     port = await server.start("127.0.0.1:0")
     target = f"127.0.0.1:{port}"
@@ -96,10 +96,10 @@ async def start_server(tmp_path: Path, e5_embedder: EmbeddingBackend) -> AsyncIt
     started: list[Live] = []
 
     async def start(embedder: EmbeddingBackend | None = None, reranker: CrossEncoderBackend | None = None,
-                    demo: bool = True, **overrides: Any) -> Live:
+                    demo: bool = True, latin_embedder: EmbeddingBackend | None = None, **overrides: Any) -> Live:
         # Hermetic: no "auto" reranker picked up from this machine's model cache.
         cfg = dataclasses.replace(Config(), data_dir=tmp_path / f"data{len(started)}", **{"reranker_model": "", **overrides})
-        live = await launch(cfg, embedder or e5_embedder, reranker, demo)
+        live = await launch(cfg, embedder or e5_embedder, reranker, demo, latin_embedder)
         started.append(live)
         return live
 

@@ -24,7 +24,8 @@ from retrieval_client.types import Attempt, Evidence, document_to_pb, lookup_to_
 
 Metadata = tuple[tuple[str, str], ...]
 
-_LEGS: dict[str, int] = {"bm25": types_pb2.LEG_KIND_BM25, "knn": types_pb2.LEG_KIND_KNN}
+_LEGS: dict[str, int] = {"bm25": types_pb2.LEG_KIND_BM25, "knn": types_pb2.LEG_KIND_KNN,
+                         "knn_latin": types_pb2.LEG_KIND_KNN_LATIN}
 _COLLECTIONS: dict[str, int] = {"doc": types_pb2.COLLECTION_DOC, "faq": types_pb2.COLLECTION_FAQ}
 
 

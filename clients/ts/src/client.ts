@@ -71,7 +71,7 @@ export interface RetrieveOptions {
   collections?: string[]; // "doc", "faq"
   sourceIds?: string[];
   metadata?: Record<string, string>;
-  legs?: string[]; // "bm25", "knn"
+  legs?: string[]; // "bm25", "knn", "knn_latin"
   rerank?: boolean;
   minQuality?: number;
   maxContextChars?: number;
@@ -87,7 +87,11 @@ export interface CallOptions {
 }
 
 const COLLECTIONS: Record<string, Collection> = { doc: Collection.COLLECTION_DOC, faq: Collection.COLLECTION_FAQ };
-const LEGS: Record<string, LegKind> = { bm25: LegKind.LEG_KIND_BM25, knn: LegKind.LEG_KIND_KNN };
+const LEGS: Record<string, LegKind> = {
+  bm25: LegKind.LEG_KIND_BM25,
+  knn: LegKind.LEG_KIND_KNN,
+  knn_latin: LegKind.LEG_KIND_KNN_LATIN,
+};
 
 /** The request as sent. */
 export function buildRequest(query: string, o: RetrieveOptions = {}): RetrieveRequest {

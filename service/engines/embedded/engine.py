@@ -39,6 +39,7 @@ from service.engines.base import (
     SearchFilter,
     SearchResponse,
     Vector,
+    VectorField,
     WriteError,
     WriteReport,
 )
@@ -171,7 +172,7 @@ class EmbeddedEngine(Engine):
         """Reasons to refuse the batch; called under the write lock."""
         errors: list[WriteError] = []
         seen: set[str] = set()
-        dimension = self._index.vectors.dimension
+        dimensions = {f: self._index.vector_index(f).dimension for f in VectorField}
         for c in chunks:
             problem = None
             owner = self._index.owner_of(c.chunk_id)
@@ -181,13 +182,15 @@ class EmbeddedEngine(Engine):
                 problem = "duplicate chunk_id in batch"
             elif owner is not None and owner != (source_id, version):
                 problem = f"chunk_id already used by {owner[0]}@{owner[1]}"
-            elif c.vector is not None:
-                vector = np.asarray(c.vector, dtype=np.float32)
-                problem = self._index.vectors.check(vector)
-                if problem is None and dimension is not None and len(vector) != dimension:
-                    problem = f"vector dimension {len(vector)} != batch dimension {dimension}"
-                if problem is None:
-                    dimension = dimension or len(vector)
+            for f, given in ((VectorField.PRIMARY, c.vector), (VectorField.LATIN, c.latin_vector)):
+                if problem is None and given is not None:
+                    vector = np.asarray(given, dtype=np.float32)
+                    problem = self._index.vector_index(f).check(vector)
+                    dimension = dimensions[f]
+                    if problem is None and dimension is not None and len(vector) != dimension:
+                        problem = f"{f.value} dimension {len(vector)} != batch dimension {dimension}"
+                    if problem is None:
+                        dimensions[f] = dimension or len(vector)
             seen.add(c.chunk_id)
             if problem:
                 errors.append(WriteError(chunk_id=c.chunk_id, message=problem))
@@ -266,18 +269,20 @@ class EmbeddedEngine(Engine):
         return await self._call(work, timeout_s)
 
     async def knn(
-        self, vector: Vector, k: int, flt: SearchFilter, timeout_s: float
+        self, vector: Vector, k: int, flt: SearchFilter, timeout_s: float,
+        field: VectorField = VectorField.PRIMARY,
     ) -> SearchResponse:
         query = np.asarray(vector, dtype=np.float32)
 
         def work() -> SearchResponse:
             started = time.perf_counter()
             with self._index_lock:
-                dimension = self._index.vectors.dimension
+                vectors = self._index.vector_index(field)
+                dimension = vectors.dimension
                 if dimension is not None and query.shape != (dimension,):
-                    raise ValueError(f"query vector shape {query.shape}, index has {dimension}")
+                    raise ValueError(f"query vector shape {query.shape}, index has {dimension} ({field.value})")
                 allowed = self._index.allowed(flt)
-                ranked = self._index.vectors.search(query, k, allowed)
+                ranked = vectors.search(query, k, allowed)
                 hits = [
                     Hit(self._index.hit_record(slot), similarity(d2), math.sqrt(d2))
                     for slot, d2 in ranked

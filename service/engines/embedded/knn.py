@@ -96,8 +96,7 @@ class VectorIndex:
 
     def compact(self, remap: npt.NDArray[np.int64], new_size: int) -> None:
         """Renumber slots as ``Bm25Index.compact`` does."""
-        if self.dimension is None:
-            self._size = new_size
+        if self.dimension is None:  # nothing stored (no chunk had this vector): nothing to renumber
             return
         remap = remap[: self._size]
         kept = remap >= 0

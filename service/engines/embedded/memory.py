@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from service.engines.base import ChunkRecord, SearchFilter
+from service.engines.base import ChunkRecord, SearchFilter, VectorField
 from service.engines.embedded.bm25 import Bm25Index, BoolArray
 from service.engines.embedded.knn import VectorIndex
 
@@ -28,7 +28,8 @@ class MemoryIndex:
     def __init__(self) -> None:
         self.bm25 = Bm25Index()
         self.vectors = VectorIndex()
-        self._records: list[ChunkRecord | None] = []  # by slot; without the vector and states
+        self.latin_vectors = VectorIndex()  # only slots whose chunk has a latin_vector
+        self._records: list[ChunkRecord | None] = []  # by slot; without the vectors and states
         self._slot_of: dict[str, int] = {}  # chunk_id -> slot
         self._doc_slots: dict[DocKey, list[int]] = {}
         self.doc_hashes: dict[DocKey, str] = {}
@@ -36,6 +37,9 @@ class MemoryIndex:
         self._postings: dict[str, array[int]] = {}
         self._public: array[int] = array("i")  # slots whose acl is empty
         self._dead = 0
+
+    def vector_index(self, field: VectorField) -> VectorIndex:
+        return self.latin_vectors if field is VectorField.LATIN else self.vectors
 
     @property
     def chunk_count(self) -> int:
@@ -61,7 +65,10 @@ class MemoryIndex:
             slot = len(self._records)
             if record.vector is not None:
                 self.vectors.add(slot, record.vector)
-            self._records.append(dataclasses.replace(record, vector=None, rerank_states=None, rerank_states_key=""))
+            if record.latin_vector is not None:
+                self.latin_vectors.add(slot, record.latin_vector)
+            self._records.append(dataclasses.replace(record, vector=None, latin_vector=None, rerank_states=None,
+                                                     rerank_states_key=""))
             self._slot_of[record.chunk_id] = slot
             slots.append(slot)
             self.bm25.add(slot, terms)
@@ -88,6 +95,7 @@ class MemoryIndex:
             self._records[slot] = None
             self.bm25.delete(slot)
             self.vectors.delete(slot)
+            self.latin_vectors.delete(slot)
         self._dead += len(slots)
         if self._dead >= max(_COMPACT_MIN_DEAD, self.chunk_count):
             self.compact()
@@ -97,14 +105,13 @@ class MemoryIndex:
         return [key for key in self._doc_slots if key[0] == source_id]
 
     def record(self, chunk_id: str) -> ChunkRecord | None:
-        """The stored chunk with its vector restored."""
+        """The stored chunk with its vectors restored."""
         slot = self._slot_of.get(chunk_id)
         if slot is None:
             return None
         record = self._records[slot]
         assert record is not None
-        vector = self.vectors.get(slot)
-        return record if vector is None else dataclasses.replace(record, vector=vector)
+        return dataclasses.replace(record, vector=self.vectors.get(slot), latin_vector=self.latin_vectors.get(slot))
 
     def hit_record(self, slot: int) -> ChunkRecord:
         record = self._records[slot]
@@ -147,6 +154,7 @@ class MemoryIndex:
         new_size = int(live.sum())
         self.bm25.compact(remap, new_size)
         self.vectors.compact(remap, new_size)
+        self.latin_vectors.compact(remap, new_size)
         self._records = [r for r in self._records if r is not None]
         self._slot_of = {r.chunk_id: i for i, r in enumerate(self._records) if r is not None}
         self._doc_slots = {

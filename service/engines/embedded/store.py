@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from service.engines.base import ChunkRecord
+from service.engines.base import ChunkRecord, Vector
 
 FILENAME = "engine.sqlite3"
 
@@ -47,7 +47,8 @@ CREATE TABLE IF NOT EXISTS chunks (
     acl TEXT NOT NULL,
     metadata TEXT NOT NULL,
     content_hash TEXT NOT NULL,
-    vector BLOB
+    vector BLOB,
+    latin_vector BLOB
 );
 CREATE INDEX IF NOT EXISTS chunks_by_document ON chunks (source_id, version);
 CREATE TABLE IF NOT EXISTS passage_states (
@@ -63,7 +64,7 @@ CREATE INDEX IF NOT EXISTS passage_states_by_document ON passage_states (source_
 
 _COLUMNS = (
     "chunk_id, source_id, version, chunk_index, collection, status, title, breadcrumb, "
-    "text, parent_text, search_text, acl, metadata, content_hash, vector"
+    "text, parent_text, search_text, acl, metadata, content_hash, vector, latin_vector"
 )
 
 
@@ -76,6 +77,10 @@ class SqliteStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(chunks)")}
+        if "latin_vector" not in columns:  # a store made before the Latin-script leg
+            with self._db:
+                self._db.execute("ALTER TABLE chunks ADD COLUMN latin_vector BLOB")
         self._reader = sqlite3.connect(f"file:{data_dir / FILENAME}?mode=ro", uri=True, check_same_thread=False)
         self._reader_lock = threading.Lock()
 
@@ -119,7 +124,7 @@ class SqliteStore:
                 (source_id, version, content_hash),
             )
             self._db.executemany(
-                f"INSERT INTO chunks ({_COLUMNS}) VALUES ({', '.join('?' * 15)})",
+                f"INSERT INTO chunks ({_COLUMNS}) VALUES ({', '.join('?' * 16)})",
                 [_row(c) for c in chunks],
             )
             self._db.executemany(
@@ -158,8 +163,16 @@ class SqliteStore:
         self._db.execute(f"DELETE FROM documents WHERE {where}", args)
 
 
+def _blob(vector: object | None) -> bytes | None:
+    return None if vector is None else np.asarray(vector, dtype="<f4").tobytes()
+
+
+def _vector(blob: object) -> Vector | None:
+    assert blob is None or isinstance(blob, bytes)
+    return None if blob is None else np.frombuffer(blob, dtype=np.float32).copy()
+
+
 def _row(c: ChunkRecord) -> tuple[object, ...]:
-    vector = None if c.vector is None else np.asarray(c.vector, dtype="<f4").tobytes()
     return (
         c.chunk_id,
         c.source_id,
@@ -175,15 +188,15 @@ def _row(c: ChunkRecord) -> tuple[object, ...]:
         json.dumps(list(c.acl)),
         json.dumps(dict(c.metadata), sort_keys=True),
         c.content_hash,
-        vector,
+        _blob(c.vector),
+        _blob(c.latin_vector),
     )
 
 
 def _record(row: Sequence[object]) -> ChunkRecord:
     (chunk_id, source_id, version, chunk_index, collection, status, title, breadcrumb, text,
-     parent_text, search_text, acl, metadata, content_hash, vector) = row  # fmt: skip
+     parent_text, search_text, acl, metadata, content_hash, vector, latin_vector) = row  # fmt: skip
     assert isinstance(acl, str) and isinstance(metadata, str) and isinstance(chunk_index, int)
-    assert vector is None or isinstance(vector, bytes)
     return ChunkRecord(
         chunk_id=str(chunk_id),
         source_id=str(source_id),
@@ -199,5 +212,6 @@ def _record(row: Sequence[object]) -> ChunkRecord:
         acl=tuple(json.loads(acl)),
         metadata=json.loads(metadata),
         content_hash=str(content_hash),
-        vector=None if vector is None else np.frombuffer(vector, dtype=np.float32).copy(),
+        vector=_vector(vector),
+        latin_vector=_vector(latin_vector),
     )

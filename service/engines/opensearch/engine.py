@@ -48,6 +48,7 @@ from service.engines.base import (
     SearchFilter,
     SearchResponse,
     Vector,
+    VectorField,
     WriteError,
     WriteReport,
 )
@@ -85,6 +86,7 @@ class OpenSearchEngine(Engine):
         url: str,
         index_prefix: str = "retrieval",
         dimension: int = 384,
+        latin_dimension: int | None = None,
         shards: int = 1,
         replicas: int = 0,
         request_timeout_s: float = 10.0,
@@ -93,6 +95,9 @@ class OpenSearchEngine(Engine):
         self.url = url
         self.prefix = index_prefix
         self.dimension = dimension
+        # The Latin-script embedder's dimension; None: no such embedder is served (the
+        # field is still mapped, at ``dimension``, so turning one on needs no reindex).
+        self.latin_dimension = latin_dimension
         self.shards = shards
         self.replicas = replicas
         self.request_timeout_s = request_timeout_s
@@ -149,9 +154,7 @@ class OpenSearchEngine(Engine):
                 timeout,
             )
             if not exists:
-                template = mapping.index_template(
-                    self.prefix, self.dimension, self.shards, self.replicas
-                )
+                template = self._template()
                 await self._request(
                     client.indices.put_index_template(
                         name=mapping.template_name(self.prefix),
@@ -181,32 +184,40 @@ class OpenSearchEngine(Engine):
                 "get mapping",
                 timeout,
             )
-            dim = mapping.mapped_dimension(mappings)
-            if dim is not None and dim != self.dimension:
-                raise EngineUnavailable(
-                    f"index {self.alias} has vector dimension {dim}, engine expects "
-                    f"{self.dimension}: reindex with the new model first"
-                )
-            await self._add_states_fields(mappings, timeout)
+            expected = ((VectorField.PRIMARY, self.dimension), (VectorField.LATIN, self.latin_dimension))
+            for field, want in expected:
+                dim = mapping.mapped_dimension(mappings, field)
+                if want is not None and dim is not None and dim != want:
+                    raise EngineUnavailable(
+                        f"index {self.alias} has {field.value} dimension {dim}, engine expects "
+                        f"{want}: reindex with the new model first"
+                    )
+            added = await self._add_fields(mappings, "rerank_states", mapping.STATES_PROPERTIES, timeout)
+            latin = mapping.latin_vector_properties(self.latin_dimension or self.dimension)
+            added |= await self._add_fields(mappings, VectorField.LATIN.value, latin, timeout)
+            if added:  # and to the template, so a reindex's next generation has them too
+                await self._request(
+                    self._client.indices.put_index_template(name=mapping.template_name(self.prefix),
+                                                            body=self._template(), request_timeout=timeout),
+                    "put template", timeout)
             self._index_ok = True
 
-    async def _add_states_fields(self, mappings: JSON, timeout: float) -> None:
-        """An index made before cached passage states lacks their two fields (and its
-        ``dynamic: strict`` mapping would refuse them): add them in place, and to the
-        template so a reindex's next generation has them too."""
+    def _template(self) -> JSON:
+        return mapping.index_template(self.prefix, self.dimension, self.shards, self.replicas, self.latin_dimension)
+
+    async def _add_fields(self, mappings: JSON, marker: str, properties: JSON, timeout: float) -> bool:
+        """An index made before a field (the passage states, the Latin-script vector) lacks
+        it, and its ``dynamic: strict`` mapping would refuse it: add ``properties`` in place
+        (an additive mapping update) where ``marker`` is missing. True when it added any."""
         missing = [idx for idx, body in mappings.items()
-                   if "rerank_states" not in body.get("mappings", {}).get("properties", {})]
+                   if marker not in body.get("mappings", {}).get("properties", {})]
         if not missing:
-            return
+            return False
         await self._request(
-            self._client.indices.put_mapping(index=",".join(missing), body={"properties": mapping.STATES_PROPERTIES},
+            self._client.indices.put_mapping(index=",".join(missing), body={"properties": properties},
                                              request_timeout=timeout),
-            "put mapping (passage states)", timeout)
-        template = mapping.index_template(self.prefix, self.dimension, self.shards, self.replicas)
-        await self._request(
-            self._client.indices.put_index_template(name=mapping.template_name(self.prefix), body=template,
-                                                    request_timeout=timeout),
-            "put template", timeout)
+            f"put mapping ({marker})", timeout)
+        return True
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -291,7 +302,8 @@ class OpenSearchEngine(Engine):
             elif c.chunk_id in seen:
                 problem = "duplicate chunk_id in batch"
             else:
-                problem = mapping.vector_problem(c.vector, self.dimension)
+                problem = mapping.vector_problem(c.vector, self.dimension) or mapping.vector_problem(
+                    c.latin_vector, self.latin_dimension or self.dimension)
             seen.add(c.chunk_id)
             if problem:
                 errors.append(WriteError(chunk_id=c.chunk_id, message=problem))
@@ -512,14 +524,16 @@ class OpenSearchEngine(Engine):
         return await self._search(body, timeout_s, "bm25")
 
     async def knn(
-        self, vector: Vector, k: int, flt: SearchFilter, timeout_s: float
+        self, vector: Vector, k: int, flt: SearchFilter, timeout_s: float,
+        field: VectorField = VectorField.PRIMARY,
     ) -> SearchResponse:
         query = np.asarray(vector, dtype=np.float32)
-        if query.shape != (self.dimension,):
-            raise ValueError(f"query vector shape {query.shape}, index has {self.dimension}")
+        dimension = self.dimension if field is VectorField.PRIMARY else (self.latin_dimension or self.dimension)
+        if query.shape != (dimension,):
+            raise ValueError(f"query vector shape {query.shape}, index has {dimension} ({field.value})")
         if k <= 0:
             return SearchResponse(hits=[])
-        body = mapping.knn_body(query, k, flt, mapping.server_timeout_s(timeout_s))
+        body = mapping.knn_body(query, k, flt, mapping.server_timeout_s(timeout_s), field)
         return await self._search(body, timeout_s, "knn")
 
     async def get_chunks(self, chunk_ids: Sequence[str]) -> list[ChunkRecord]:
@@ -641,9 +655,7 @@ class OpenSearchEngine(Engine):
         await self._request(
             client.indices.put_index_template(
                 name=mapping.template_name(self.prefix),
-                body=mapping.index_template(
-                    self.prefix, self.dimension, self.shards, self.replicas
-                ),
+                body=self._template(),
                 request_timeout=timeout,
             ),
             "put template",

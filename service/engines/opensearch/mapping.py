@@ -25,6 +25,9 @@ Index design (one index for every collection, behind an alias):
   takes them along, and no second index has to be kept in step. Hits leave them out; a
   rerank reads them by id (realtime ``mget``). Older indices get the two fields added in
   place (``STATES_PROPERTIES``, an additive mapping update).
+- ``latin_vector``: a second lucene HNSW ``knn_vector``, the Latin-script embedder's, which
+  only chunks without Han characters carry (README "The Latin-script dense leg"); its kNN
+  searches it alone. Added in place to older indices like the states fields.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from service.engines.base import ChunkRecord, SearchFilter, Vector
+from service.engines.base import ChunkRecord, SearchFilter, Vector, VectorField
 
 JSON = dict[str, Any]
 
@@ -52,8 +55,8 @@ BM25_B = 0.75
 HNSW_M = 16
 HNSW_EF_CONSTRUCTION = 128
 
-# Fields returned with hits: everything but the vector and the passage states.
-HIT_SOURCE_EXCLUDES = ["vector", "rerank_states", "rerank_states_key"]
+# Fields returned with hits: everything but the vectors and the passage states.
+HIT_SOURCE_EXCLUDES = ["vector", "latin_vector", "rerank_states", "rerank_states_key"]
 # The cached reranker passage states (README "Cached passage states"): stored, never searched.
 STATES_PROPERTIES: JSON = {
     "rerank_states": {"type": "binary"},
@@ -89,7 +92,26 @@ def template_name(prefix: str) -> str:
     return f"{prefix}-chunks"
 
 
-def chunk_mapping(dimension: int) -> JSON:
+def knn_vector(dimension: int) -> JSON:
+    return {
+        "type": "knn_vector",
+        "dimension": dimension,
+        "method": {
+            "name": "hnsw",
+            "engine": "lucene",
+            "space_type": "l2",
+            "parameters": {"m": HNSW_M, "ef_construction": HNSW_EF_CONSTRUCTION},
+        },
+    }
+
+
+def latin_vector_properties(dimension: int) -> JSON:
+    """The Latin-script embedder's vector (``VectorField.LATIN``): only chunks without Han
+    characters have one; an index made before it gets it added in place at start."""
+    return {VectorField.LATIN.value: knn_vector(dimension)}
+
+
+def chunk_mapping(dimension: int, latin_dimension: int | None = None) -> JSON:
     keyword = {"type": "keyword"}
     stored_text = {"type": "text", "index": False}
     return {
@@ -122,16 +144,8 @@ def chunk_mapping(dimension: int) -> JSON:
             "parent_text": stored_text,
             "search_text": {"type": "text", "analyzer": "cjk", "similarity": "bm25_default"},
             **STATES_PROPERTIES,
-            "vector": {
-                "type": "knn_vector",
-                "dimension": dimension,
-                "method": {
-                    "name": "hnsw",
-                    "engine": "lucene",
-                    "space_type": "l2",
-                    "parameters": {"m": HNSW_M, "ef_construction": HNSW_EF_CONSTRUCTION},
-                },
-            },
+            VectorField.PRIMARY.value: knn_vector(dimension),
+            **latin_vector_properties(latin_dimension or dimension),
         },
     }
 
@@ -147,7 +161,7 @@ def index_settings(shards: int, replicas: int) -> JSON:
     }
 
 
-def index_template(prefix: str, dimension: int, shards: int, replicas: int) -> JSON:
+def index_template(prefix: str, dimension: int, shards: int, replicas: int, latin_dimension: int | None = None) -> JSON:
     """Composable template applied to every generation of the chunk index."""
     return {
         "index_patterns": [f"{prefix}-chunks-v*"],
@@ -155,7 +169,7 @@ def index_template(prefix: str, dimension: int, shards: int, replicas: int) -> J
         "_meta": {"owner": "retrieval-service", "mapping_version": MAPPING_VERSION},
         "template": {
             "settings": index_settings(shards, replicas),
-            "mappings": chunk_mapping(dimension),
+            "mappings": chunk_mapping(dimension, latin_dimension),
         },
     }
 
@@ -166,11 +180,11 @@ def create_index_body(prefix: str) -> JSON:
     return {"aliases": {alias_name(prefix): {"is_write_index": True}}}
 
 
-def mapped_dimension(mapping_response: Mapping[str, Any]) -> int | None:
-    """Dimension of ``vector`` in a ``GET <index>/_mapping`` response (first index)."""
+def mapped_dimension(mapping_response: Mapping[str, Any], field: VectorField = VectorField.PRIMARY) -> int | None:
+    """Dimension of ``field`` in a ``GET <index>/_mapping`` response (first index)."""
     for body in mapping_response.values():
         props = body.get("mappings", {}).get("properties", {})
-        dim = props.get("vector", {}).get("dimension")
+        dim = props.get(field.value, {}).get("dimension")
         return int(dim) if dim is not None else None
     return None
 
@@ -215,6 +229,8 @@ def chunk_to_doc(chunk: ChunkRecord) -> JSON:
     }
     if chunk.vector is not None:
         doc["vector"] = vector_json(chunk.vector)
+    if chunk.latin_vector is not None:
+        doc[VectorField.LATIN.value] = vector_json(chunk.latin_vector)
     if chunk.rerank_states is not None:
         doc["rerank_states"] = base64.b64encode(chunk.rerank_states).decode("ascii")
         doc["rerank_states_key"] = chunk.rerank_states_key
@@ -233,9 +249,12 @@ def states_from_docs(docs: Sequence[Mapping[str, Any]], wanted: Mapping[str, str
     return out
 
 
+def _vector_of(source: Mapping[str, Any], field: VectorField) -> Vector | None:
+    raw = source.get(field.value)
+    return np.asarray(raw, dtype=np.float32) if raw is not None else None
+
+
 def doc_to_chunk(source: Mapping[str, Any]) -> ChunkRecord:
-    raw_vector = source.get("vector")
-    vector = np.asarray(raw_vector, dtype=np.float32) if raw_vector is not None else None
     metadata = source.get("metadata") or {}
     return ChunkRecord(
         chunk_id=source["chunk_id"],
@@ -252,7 +271,8 @@ def doc_to_chunk(source: Mapping[str, Any]) -> ChunkRecord:
         acl=tuple(source.get("acl") or ()),
         metadata={str(k): str(v) for k, v in _flatten(metadata).items()},
         content_hash=source.get("content_hash", ""),
-        vector=vector,
+        vector=_vector_of(source, VectorField.PRIMARY),
+        latin_vector=_vector_of(source, VectorField.LATIN),
     )
 
 
@@ -328,7 +348,8 @@ def num_candidates(k: int) -> int:
     return min(max(4 * k, 100), 10_000)
 
 
-def knn_body(vector: Vector, k: int, flt: SearchFilter, timeout_s: float) -> JSON:
+def knn_body(vector: Vector, k: int, flt: SearchFilter, timeout_s: float,
+             field: VectorField = VectorField.PRIMARY) -> JSON:
     """lucene kNN with the filter inside the knn clause (efficient filtering: the filter
     restricts the HNSW walk, falling back to exact search when it is very selective)."""
     knn: JSON = {"vector": vector_json(vector), "k": num_candidates(k)}
@@ -336,7 +357,7 @@ def knn_body(vector: Vector, k: int, flt: SearchFilter, timeout_s: float) -> JSO
     if clauses:
         knn["filter"] = {"bool": {"filter": clauses}}
     return {
-        "query": {"knn": {"vector": knn}},
+        "query": {"knn": {field.value: knn}},
         "size": k,
         "timeout": timeout_param(timeout_s),
         "track_total_hits": False,

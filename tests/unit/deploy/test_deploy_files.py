@@ -350,6 +350,16 @@ def test_dockerfile_stages_and_baked_models() -> None:
     assert json.loads(hc.split("CMD", 1)[1]) == ["python", "/app/healthcheck.py"]
 
 
+def test_dockerfile_bakes_the_latin_script_embedder_from_its_carded_jar() -> None:
+    """The image's model build finds the carded bge jar in ~/.m2 (the models stage has no
+    Maven), so "auto" serves the Latin-script leg in a container as on `make run`."""
+    card = json.loads((REPO / "service/offline/builder/artifacts/bge-small-en-v1.5-int8/card.json").read_text())
+    runs = " ".join(_instr("RUN"))
+    assert f"-Dartifact={card['source']['maven']}" in runs
+    group = card["source"]["maven"].split(":")[0].replace(".", "/")
+    assert any(c.startswith("--from=jars") and c.split()[-1] == f"/root/.m2/repository/{group}" for c in _instr("COPY"))
+
+
 def test_dockerfile_copies_only_files_that_exist_and_reach_the_context() -> None:
     for args in _instr("COPY"):
         tokens = shlex.split(args)

@@ -122,3 +122,45 @@ def test_the_gates_command_measures_the_serving_rule_at_shipped_gates(tmp_path: 
     rates = json.loads(capsys.readouterr().out)
     assert rates == report["gate"]["rerank_with_first_stage"]
     assert rates["en"]["off_domain"] == 150 and rates["en"]["answerable"] > 0
+
+
+def _with_legs(path: Path, legs: list[str], max_fused: float) -> None:
+    """Mark every Latin-script list of a dump as answered by ``legs`` (what runs with the
+    Latin-script leg record); Han-script lists keep BM25 and kNN, as served."""
+    data = json.loads(path.read_text())
+    for record in data.values():
+        if not any("\u4e00" <= ch <= "\u9fff" for ch in record["query"]):
+            record["legs_ok"], record["max_fused"] = legs, max_fused
+        else:
+            record["legs_ok"] = ["BM25", "KNN"]
+    path.write_text(json.dumps(data, ensure_ascii=False))
+
+
+def test_the_latin_leg_set_is_fitted_from_its_own_runs_and_merged_into_the_shipped_one(tmp_path: Path) -> None:
+    for name, n, seed in (("train", 800, 0), ("valid", 400, 1)):
+        _dump(tmp_path / f"{name}.json", n, seed)
+    _off_domain_dump(tmp_path / "off.json", 300, 2)
+    two = [tmp_path / f"{n}.json" for n in ("train", "valid", "off")]
+    fit(two[:1], two[1:2], hybrid_sha="h" * 64, rerank_sha="r" * 64, out=tmp_path / "shipped", off_domain=two[2:])
+    shipped = {k: json.loads((tmp_path / "shipped" / f"{k}.json").read_text()) for k in ("hybrid", "rerank")}
+    three = []
+    for path in two:  # the same lists as if the Latin-script leg had answered in them
+        target = tmp_path / f"latin-{path.name}"
+        target.write_text(path.read_text())
+        _with_legs(target, ["BM25", "KNN", "KNN_LATIN"], 3.3 / 11)
+        three.append(target)
+    # Two-leg English models are never fitted from three-leg lists (and the other way round).
+    with pytest.raises(ValueError, match="no en train rows"):
+        fit(three[:1], three[1:2], hybrid_sha="h" * 64, rerank_sha="", out=tmp_path / "wrong")
+    report = fit(three[:1], three[1:2], hybrid_sha="h" * 64, rerank_sha="r" * 64, out=tmp_path / "merged",
+                 off_domain=three[2:], leg_sets=["all"], merge=shipped)
+    for kind in ("hybrid", "rerank"):
+        doc = json.loads((tmp_path / "merged" / f"{kind}.json").read_text())
+        cal = parse_calibration(doc, kind)
+        assert set(report["sources"][kind]) == {"all/en"}  # Han-script lists never run the leg
+        assert {k: v for k, v in doc["models"].items() if k != "all/en"} == shipped[kind]["models"]
+        assert {k: v for k, v in cal.gates.items() if k != "all/en"} == shipped[kind]["gate"]
+        assert 0 < cal.gates["all/en"] < 1 and cal.covers(False, "all") and not cal.covers(True, "all")
+    with pytest.raises(ValueError, match="another model"):
+        fit(three[:1], three[1:2], hybrid_sha="x" * 64, rerank_sha="", out=tmp_path / "o3", leg_sets=["all"],
+            merge=shipped)

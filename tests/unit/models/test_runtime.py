@@ -126,6 +126,26 @@ async def test_runtime_embeds_and_reranks_in_the_pool() -> None:
     await rt.close()
 
 
+async def test_the_latin_script_embedder_has_its_own_batchers_and_cache() -> None:
+    latin = HashEmbedder(dimension=64)
+    rt = ModelRuntime(HashEmbedder(), None, workers=2, query_cache_size=8, latin_embedder=latin)
+    await rt.start()
+    deadline = time.monotonic() + 10
+    primary, _ = await rt.embed_query("reset password", deadline)
+    second, _ = await rt.embed_query("reset password", deadline, latin=True)
+    assert primary.shape == (384,) and second.shape == (64,)  # each model's own vector, not the other's cache
+    again, timing = await rt.embed_query("reset password", deadline, latin=True)
+    assert np.array_equal(again, second) and timing.inference_ms == 0  # answered by its own cache
+    mat, _ = await rt.embed_passages(["a", "b", "c"], deadline, latin=True)
+    assert mat.shape == (3, 64)
+    assert [i.model_id for i in rt.model_infos] == [rt.embedder.info.model_id, latin.info.model_id]
+    await rt.close()
+    plain = ModelRuntime(HashEmbedder(), None, workers=1)
+    with pytest.raises(RuntimeError, match="Latin-script"):
+        await plain.embed_query("x", deadline, latin=True)
+    await plain.close()
+
+
 async def test_isolating_batcher_runs_each_request_alone_in_one_hop() -> None:
     """A batch-dependent model: requests still share an executor hop, never an inference call."""
     import concurrent.futures

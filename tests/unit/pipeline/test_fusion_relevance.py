@@ -36,6 +36,19 @@ def test_rrf_weights_shift_order() -> None:
     assert [x.chunk.chunk_id for x in fused] == ["c", "a"]
 
 
+def test_rrf_fuses_the_latin_leg_as_a_third_list() -> None:
+    a, b, c = chunk("a"), chunk("b"), chunk("c")
+    fused = rrf([Hit(a, 9.0)], [Hit(b, 0.9, 0.2)], k=5, bm25_weight=0.8, knn_weight=1.0,
+                latin=[Hit(c, 0.9, 0.3), Hit(b, 0.8, 0.5)], latin_weight=1.5)
+    scores = {x.chunk.chunk_id: x.fused_score for x in fused}
+    assert scores == pytest.approx({"a": 0.8 / 6, "b": 1 / 6 + 1.5 / 7, "c": 1.5 / 6})
+    assert [x.chunk.chunk_id for x in fused] == ["b", "c", "a"]
+    b_c = fused[0]
+    assert (b_c.knn_rank, b_c.latin_rank, b_c.distance, b_c.latin_distance) == (1, 2, 0.2, 0.5)
+    assert b_c.latin_dense_score == pytest.approx(1 - 0.25 / 2) and fused[2].latin_dense_score is None
+    assert max_rrf_score([0.8, 1.0, 1.5], 5) == pytest.approx(3.3 / 6)
+
+
 def test_quality_sources() -> None:
     c = Candidate(chunk("a"), fused_score=1 / 61, distance=0.5, rerank_score=2.0)
     assert assign_quality(c, reranked=True, max_fused=2 / 61) is QualitySource.RERANKER_PROBABILITY
@@ -110,9 +123,16 @@ def test_fusion_settings_follow_the_query_language() -> None:
     from service.config import Config
     from service.pipeline.fusion import FusionParams, fusion_for
 
-    cfg = Config()
-    assert fusion_for("how do I get an invoice", cfg) == FusionParams(cfg.rrf_k, cfg.bm25_weight, cfg.knn_weight)
-    assert fusion_for("如何开具发票 invoice", cfg) == FusionParams(cfg.cjk_rrf_k, cfg.cjk_bm25_weight, cfg.cjk_knn_weight)
+    import dataclasses
+
+    for cfg in (dataclasses.replace(Config(), latin_embedding_model=""),
+                dataclasses.replace(Config(), latin_embedding_model="some-latin-model")):
+        assert fusion_for("如何开具发票 invoice", cfg) == FusionParams(cfg.cjk_rrf_k, cfg.cjk_bm25_weight, cfg.cjk_knn_weight)
+    off, on = dataclasses.replace(cfg, latin_embedding_model=""), cfg
+    assert fusion_for("how do I get an invoice", off) == FusionParams(off.rrf_k, off.bm25_weight, off.knn_weight)
+    # Three legs where the Latin-script leg is served: their own settings.
+    assert fusion_for("how do I get an invoice", on) == FusionParams(
+        on.latin_leg_rrf_k, on.latin_leg_bm25_weight, on.latin_leg_knn_weight, on.latin_knn_weight)
 
 
 def test_interpolate_minmax_both_scores() -> None:

@@ -93,3 +93,6 @@ def test_head_signals_are_what_the_eval_dumps_record() -> None:
     s = head_signals([a, b])
     assert s["rerank"] == [4.0, -1.0] and s["fused"] == [0.03, 0.02] and s["bm25"] == [7.5, None]
     assert s["dense"][0] == pytest.approx(1 - 0.36 / 2) and s["dense"][1] is None
+    assert s["latin_dense"] == [None, None]  # no Latin-script leg ran
+    b.latin_distance = 0.4
+    assert head_signals([a, b])["latin_dense"] == [None, pytest.approx(1 - 0.16 / 2)]

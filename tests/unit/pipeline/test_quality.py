@@ -189,3 +189,28 @@ def test_a_reranked_list_passes_only_when_the_first_stage_also_finds_something()
     strong.fused_score = 0.05
     assert model.first_stage_quality([weak, strong], max_fused=0.1, cjk=False) == model.first_stage_quality(
         [strong], max_fused=0.1, cjk=False)
+
+
+def test_the_latin_leg_sets_are_judged_only_where_a_model_was_fitted_for_them() -> None:
+    # "all" (BM25, kNN and the Latin-script leg) has its own model and gate where fitted; a
+    # calibration fitted before the leg has none, and such lists stay uncalibrated (no gate),
+    # never judged by the two-leg model, whose fused-score scale differs.
+    doc = {**_doc("hybrid", "h"), "gate": {"both/en": 0.07}}
+    older = QualityModel(hybrid=parse_calibration(doc, "hybrid"), rerank=parse_calibration(_doc("rerank", "r"), "rerank"))
+    c = _candidate(distance=math.sqrt(2 * (1 - 0.9)), bm25=2.0, fused=0.1, rerank=1.5)
+    assert older.assign(c, reranked=False, max_fused=0.2, cjk=False, legs="all") is QualitySource.DENSE_DISTANCE
+    assert older.assign(c, reranked=True, max_fused=0.2, cjk=False, legs="all") is QualitySource.RERANKER_PROBABILITY
+    assert c.quality == pytest.approx(1 / (1 + math.exp(-1.5)))  # the uncalibrated sigmoid
+    assert older.first_stage_quality([c], max_fused=0.2, cjk=False, legs="all") is None
+    assert older.default_gate(QualitySource.HYBRID_CALIBRATED, cjk=False, legs="all") == 0.0
+    fitted = {**doc, "models": {**doc["models"], "all/en": _logistic(HYBRID_FEATURES, 6.0)},  # type: ignore[dict-item]
+              "gate": {"both/en": 0.07, "all/en": 0.09}}
+    model = QualityModel(hybrid=parse_calibration(fitted, "hybrid"))
+    assert model.assign(c, reranked=False, max_fused=0.2, cjk=False, legs="all") is QualitySource.HYBRID_CALIBRATED
+    assert c.quality == pytest.approx(1 / (1 + math.exp(-(-2.0 + 6.0 * 0.9))), rel=1e-6)
+    assert model.default_gate(QualitySource.HYBRID_CALIBRATED, cjk=False, legs="all") == 0.09
+    # Han-script lists never have the Latin-script leg: no "all/cjk" model, so uncalibrated.
+    assert model.assign(c, reranked=False, max_fused=0.2, cjk=True, legs="all") is QualitySource.DENSE_DISTANCE
+    # A leg set with no model at all (the Latin-script leg alone): uncalibrated.
+    lexical = _candidate(distance=None, bm25=None, fused=0.1)
+    assert model.assign(lexical, reranked=False, max_fused=0.2, cjk=False, legs="knn_latin") is QualitySource.RANK_FALLBACK

@@ -229,7 +229,9 @@ class RetrievalOptions(_message.Message):
     """Context budget: total excerpt characters returned; 0 = server default."""
     @_builtins.property
     def legs(self) -> _containers.RepeatedScalarFieldContainer[_types_pb2.LegKind.ValueType]:
-        """Legs to run; empty means BM25 and KNN. LEG_KIND_RERANK here is invalid (use rerank)."""
+        """Legs to run; empty means BM25, KNN and (where the server serves a Latin-script
+        embedder) KNN_LATIN. LEG_KIND_RERANK here is invalid (use rerank).
+        """
 
     def __init__(
         self,
@@ -379,7 +381,7 @@ class LegReport(_message.Message):
     """Why the leg was skipped, timed out or failed; empty when OK."""
     @_builtins.property
     def timing(self) -> _types_pb2.Timing:
-        """Model runtime timing for model legs (KNN embedding, RERANK)."""
+        """Model runtime timing for model legs (KNN and KNN_LATIN embedding, RERANK)."""
 
     def __init__(
         self,
@@ -443,6 +445,7 @@ class EvidenceItem(_message.Message):
     CHUNK_INDEX_FIELD_NUMBER: _builtins.int
     CONTEXT_FIELD_NUMBER: _builtins.int
     METADATA_FIELD_NUMBER: _builtins.int
+    LATIN_DENSE_SCORE_FIELD_NUMBER: _builtins.int
     ACQUIRED_FOR_GAP_ID_FIELD_NUMBER: _builtins.int
     ATTEMPT_ID_FIELD_NUMBER: _builtins.int
     evidence_id: _builtins.str
@@ -469,6 +472,8 @@ class EvidenceItem(_message.Message):
     chunk_index: _builtins.int
     context: _builtins.str
     """The parent section the chunk belongs to, for context (cut by the budget too)."""
+    latin_dense_score: _builtins.float
+    """Cosine similarity by the Latin-script embedder when its leg (KNN_LATIN) found this chunk."""
     acquired_for_gap_id: _builtins.str
     """Provenance: the gap this evidence was acquired for (empty without a gap)."""
     attempt_id: _builtins.str
@@ -494,23 +499,28 @@ class EvidenceItem(_message.Message):
         chunk_index: _builtins.int = ...,
         context: _builtins.str = ...,
         metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        latin_dense_score: _builtins.float | None = ...,
         acquired_for_gap_id: _builtins.str = ...,
         attempt_id: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_bm25_score", b"_bm25_score", "_dense_score", b"_dense_score", "_rerank_score", b"_rerank_score", "bm25_score", b"bm25_score", "dense_score", b"dense_score", "rerank_score", b"rerank_score"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_bm25_score", b"_bm25_score", "_dense_score", b"_dense_score", "_latin_dense_score", b"_latin_dense_score", "_rerank_score", b"_rerank_score", "bm25_score", b"bm25_score", "dense_score", b"dense_score", "latin_dense_score", b"latin_dense_score", "rerank_score", b"rerank_score"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_bm25_score", b"_bm25_score", "_dense_score", b"_dense_score", "_rerank_score", b"_rerank_score", "acquired_for_gap_id", b"acquired_for_gap_id", "attempt_id", b"attempt_id", "bm25_score", b"bm25_score", "breadcrumb", b"breadcrumb", "chunk_index", b"chunk_index", "collection", b"collection", "context", b"context", "dense_score", b"dense_score", "evidence_id", b"evidence_id", "excerpt", b"excerpt", "fused_score", b"fused_score", "metadata", b"metadata", "quality", b"quality", "rank", b"rank", "rerank_score", b"rerank_score", "source_id", b"source_id", "title", b"title", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_bm25_score", b"_bm25_score", "_dense_score", b"_dense_score", "_latin_dense_score", b"_latin_dense_score", "_rerank_score", b"_rerank_score", "acquired_for_gap_id", b"acquired_for_gap_id", "attempt_id", b"attempt_id", "bm25_score", b"bm25_score", "breadcrumb", b"breadcrumb", "chunk_index", b"chunk_index", "collection", b"collection", "context", b"context", "dense_score", b"dense_score", "evidence_id", b"evidence_id", "excerpt", b"excerpt", "fused_score", b"fused_score", "latin_dense_score", b"latin_dense_score", "metadata", b"metadata", "quality", b"quality", "rank", b"rank", "rerank_score", b"rerank_score", "source_id", b"source_id", "title", b"title", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__bm25_score: _TypeAlias = _typing.Literal["bm25_score"]  # noqa: Y015
     _WhichOneofArgType__bm25_score: _TypeAlias = _typing.Literal["_bm25_score", b"_bm25_score"]  # noqa: Y015
     _WhichOneofReturnType__dense_score: _TypeAlias = _typing.Literal["dense_score"]  # noqa: Y015
     _WhichOneofArgType__dense_score: _TypeAlias = _typing.Literal["_dense_score", b"_dense_score"]  # noqa: Y015
+    _WhichOneofReturnType__latin_dense_score: _TypeAlias = _typing.Literal["latin_dense_score"]  # noqa: Y015
+    _WhichOneofArgType__latin_dense_score: _TypeAlias = _typing.Literal["_latin_dense_score", b"_latin_dense_score"]  # noqa: Y015
     _WhichOneofReturnType__rerank_score: _TypeAlias = _typing.Literal["rerank_score"]  # noqa: Y015
     _WhichOneofArgType__rerank_score: _TypeAlias = _typing.Literal["_rerank_score", b"_rerank_score"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__bm25_score) -> _WhichOneofReturnType__bm25_score | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__dense_score) -> _WhichOneofReturnType__dense_score | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__latin_dense_score) -> _WhichOneofReturnType__latin_dense_score | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__rerank_score) -> _WhichOneofReturnType__rerank_score | None: ...
 

@@ -168,6 +168,11 @@ class _LegKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_LegKind.Value
     """Query embedding + vector (kNN) search."""
     LEG_KIND_RERANK: _LegKind.ValueType  # 3
     """CrossEncoder reranking of the fused candidates."""
+    LEG_KIND_KNN_LATIN: _LegKind.ValueType  # 4
+    """Query embedding + vector search by the Latin-script embedder (latin_embedding_model):
+    runs for queries without Han characters, over the chunks without them; SKIPPED (with the
+    reason) for other queries or where the server serves no such embedder.
+    """
 
 class LegKind(_LegKind, metaclass=_LegKindEnumTypeWrapper):
     """LegKind names a stage that can succeed or fail on its own."""
@@ -179,6 +184,11 @@ LEG_KIND_KNN: LegKind.ValueType  # 2
 """Query embedding + vector (kNN) search."""
 LEG_KIND_RERANK: LegKind.ValueType  # 3
 """CrossEncoder reranking of the fused candidates."""
+LEG_KIND_KNN_LATIN: LegKind.ValueType  # 4
+"""Query embedding + vector search by the Latin-script embedder (latin_embedding_model):
+runs for queries without Han characters, over the chunks without them; SKIPPED (with the
+reason) for other queries or where the server serves no such embedder.
+"""
 Global___LegKind: _TypeAlias = LegKind  # noqa: Y015
 
 class _LegStatus:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 
-from service.engines.base import ChunkRecord, SearchFilter
+from service.engines.base import ChunkRecord, SearchFilter, VectorField
 from service.engines.opensearch import mapping
 from service.engines.opensearch.engine import client_margin
 
@@ -60,14 +61,29 @@ def test_mapped_dimension_reads_a_get_mapping_answer() -> None:
     answer = {"rt-chunks-v1": {"mappings": mapping.chunk_mapping(16)}}
     assert mapping.mapped_dimension(answer) == 16
     assert mapping.mapped_dimension({"x": {"mappings": {"properties": {}}}}) is None
+    # The Latin-script leg's field: its own dimension (the primary's when no such model is set).
+    assert mapping.mapped_dimension(answer, VectorField.LATIN) == 16
+    both = {"rt-chunks-v1": {"mappings": mapping.chunk_mapping(16, latin_dimension=384)}}
+    assert (mapping.mapped_dimension(both), mapping.mapped_dimension(both, VectorField.LATIN)) == (16, 384)
+
+
+def test_knn_body_searches_the_field_it_is_given() -> None:
+    vector = np.array([0, 1, 0], dtype=np.float32)
+    body = mapping.knn_body(vector, 5, SearchFilter(collections=("doc",)), 1.5, VectorField.LATIN)
+    assert list(body["query"]["knn"]) == ["latin_vector"]
+    assert body["query"]["knn"]["latin_vector"]["vector"] == [0.0, 1.0, 0.0]
+    assert "latin_vector" in body["_source"]["excludes"]
 
 
 def test_document_round_trip() -> None:
     chunk = record()
     doc = mapping.chunk_to_doc(chunk)
     assert doc["doc_key"] == "E1@v3" and doc["acl"] == ["hr", "legal"]
-    assert doc["vector"] == pytest.approx([0.6, 0.8, 0.0])
+    assert doc["vector"] == pytest.approx([0.6, 0.8, 0.0]) and "latin_vector" not in doc
     back = mapping.doc_to_chunk(doc)
+    assert back.latin_vector is None
+    latin = mapping.doc_to_chunk(mapping.chunk_to_doc(dataclasses.replace(chunk, latin_vector=np.array([0, 0, 1], np.float32))))
+    assert latin.latin_vector is not None and latin.latin_vector.tolist() == [0.0, 0.0, 1.0]
     assert back.vector is not None and np.array_equal(back.vector, chunk.vector)
     assert back == record(vector=back.vector)  # every other field survives as is
 
@@ -99,7 +115,7 @@ def test_filters_go_inside_the_query() -> None:
     )
     body = mapping.bm25_body("保险理赔", 7, flt, 0.25)
     assert body["size"] == 7 and body["timeout"] == "250ms"
-    assert body["track_total_hits"] is False and body["_source"] == {"excludes": ["vector", "rerank_states", "rerank_states_key"]}
+    assert body["track_total_hits"] is False and body["_source"] == {"excludes": ["vector", "latin_vector", "rerank_states", "rerank_states_key"]}
     query = body["query"]["bool"]
     assert query["must"] == [{"match": {"search_text": {"query": "保险理赔"}}}]
     assert query["filter"] == [

@@ -257,7 +257,8 @@ func (x *Filters) GetMetadata() map[string]string {
 // RetrievalOptions switches legs and tunes the attempt.
 type RetrievalOptions struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Legs to run; empty means BM25 and KNN. LEG_KIND_RERANK here is invalid (use rerank).
+	// Legs to run; empty means BM25, KNN and (where the server serves a Latin-script
+	// embedder) KNN_LATIN. LEG_KIND_RERANK here is invalid (use rerank).
 	Legs []LegKind `protobuf:"varint,1,rep,packed,name=legs,proto3,enum=retrieval.v1.LegKind" json:"legs,omitempty"`
 	// Whether to rerank the fused candidates.
 	Rerank RerankMode `protobuf:"varint,2,opt,name=rerank,proto3,enum=retrieval.v1.RerankMode" json:"rerank,omitempty"`
@@ -596,7 +597,7 @@ type LegReport struct {
 	HitCount uint32 `protobuf:"varint,4,opt,name=hit_count,json=hitCount,proto3" json:"hit_count,omitempty"`
 	// Why the leg was skipped, timed out or failed; empty when OK.
 	Detail string `protobuf:"bytes,5,opt,name=detail,proto3" json:"detail,omitempty"`
-	// Model runtime timing for model legs (KNN embedding, RERANK).
+	// Model runtime timing for model legs (KNN and KNN_LATIN embedding, RERANK).
 	Timing        *Timing `protobuf:"bytes,6,opt,name=timing,proto3" json:"timing,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -703,6 +704,8 @@ type EvidenceItem struct {
 	// The parent section the chunk belongs to, for context (cut by the budget too).
 	Context  string            `protobuf:"bytes,15,opt,name=context,proto3" json:"context,omitempty"`
 	Metadata map[string]string `protobuf:"bytes,16,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Cosine similarity by the Latin-script embedder when its leg (KNN_LATIN) found this chunk.
+	LatinDenseScore *float64 `protobuf:"fixed64,17,opt,name=latin_dense_score,json=latinDenseScore,proto3,oneof" json:"latin_dense_score,omitempty"`
 	// Provenance: the gap this evidence was acquired for (empty without a gap).
 	AcquiredForGapId string `protobuf:"bytes,60,opt,name=acquired_for_gap_id,json=acquiredForGapId,proto3" json:"acquired_for_gap_id,omitempty"`
 	// Provenance: the attempt that returned it.
@@ -851,6 +854,13 @@ func (x *EvidenceItem) GetMetadata() map[string]string {
 		return x.Metadata
 	}
 	return nil
+}
+
+func (x *EvidenceItem) GetLatinDenseScore() float64 {
+	if x != nil && x.LatinDenseScore != nil {
+		return *x.LatinDenseScore
+	}
+	return 0
 }
 
 func (x *EvidenceItem) GetAcquiredForGapId() string {
@@ -1635,7 +1645,7 @@ const file_retrieval_v1_retrieval_proto_rawDesc = "" +
 	"latency_ms\x18\x03 \x01(\x01R\tlatencyMs\x12\x1b\n" +
 	"\thit_count\x18\x04 \x01(\rR\bhitCount\x12\x16\n" +
 	"\x06detail\x18\x05 \x01(\tR\x06detail\x12,\n" +
-	"\x06timing\x18\x06 \x01(\v2\x14.retrieval.v1.TimingR\x06timing\"\xed\x05\n" +
+	"\x06timing\x18\x06 \x01(\v2\x14.retrieval.v1.TimingR\x06timing\"\xb4\x06\n" +
 	"\fEvidenceItem\x12\x1f\n" +
 	"\vevidence_id\x18\x01 \x01(\tR\n" +
 	"evidenceId\x12\x1b\n" +
@@ -1662,7 +1672,8 @@ const file_retrieval_v1_retrieval_proto_rawDesc = "" +
 	"\vchunk_index\x18\x0e \x01(\rR\n" +
 	"chunkIndex\x12\x18\n" +
 	"\acontext\x18\x0f \x01(\tR\acontext\x12D\n" +
-	"\bmetadata\x18\x10 \x03(\v2(.retrieval.v1.EvidenceItem.MetadataEntryR\bmetadata\x12-\n" +
+	"\bmetadata\x18\x10 \x03(\v2(.retrieval.v1.EvidenceItem.MetadataEntryR\bmetadata\x12/\n" +
+	"\x11latin_dense_score\x18\x11 \x01(\x01H\x03R\x0flatinDenseScore\x88\x01\x01\x12-\n" +
 	"\x13acquired_for_gap_id\x18< \x01(\tR\x10acquiredForGapId\x12\x1d\n" +
 	"\n" +
 	"attempt_id\x18= \x01(\tR\tattemptId\x1a;\n" +
@@ -1671,7 +1682,8 @@ const file_retrieval_v1_retrieval_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\r\n" +
 	"\v_bm25_scoreB\x0e\n" +
 	"\f_dense_scoreB\x0f\n" +
-	"\r_rerank_score\"\x97\b\n" +
+	"\r_rerank_scoreB\x14\n" +
+	"\x12_latin_dense_score\"\x97\b\n" +
 	"\rAttemptResult\x12\x1d\n" +
 	"\n" +
 	"attempt_id\x18\x01 \x01(\tR\tattemptId\x126\n" +

@@ -286,6 +286,10 @@ const (
 	LegKind_LEG_KIND_KNN LegKind = 2
 	// CrossEncoder reranking of the fused candidates.
 	LegKind_LEG_KIND_RERANK LegKind = 3
+	// Query embedding + vector search by the Latin-script embedder (latin_embedding_model):
+	// runs for queries without Han characters, over the chunks without them; SKIPPED (with the
+	// reason) for other queries or where the server serves no such embedder.
+	LegKind_LEG_KIND_KNN_LATIN LegKind = 4
 )
 
 // Enum value maps for LegKind.
@@ -295,12 +299,14 @@ var (
 		1: "LEG_KIND_BM25",
 		2: "LEG_KIND_KNN",
 		3: "LEG_KIND_RERANK",
+		4: "LEG_KIND_KNN_LATIN",
 	}
 	LegKind_value = map[string]int32{
 		"LEG_KIND_UNSPECIFIED": 0,
 		"LEG_KIND_BM25":        1,
 		"LEG_KIND_KNN":         2,
 		"LEG_KIND_RERANK":      3,
+		"LEG_KIND_KNN_LATIN":   4,
 	}
 )
 
@@ -707,12 +713,13 @@ const file_retrieval_v1_types_proto_rawDesc = "" +
 	"\x1dQUALITY_SOURCE_DENSE_DISTANCE\x10\x01\x12 \n" +
 	"\x1cQUALITY_SOURCE_RANK_FALLBACK\x10\x02\x12'\n" +
 	"#QUALITY_SOURCE_RERANKER_PROBABILITY\x10\x03\x12$\n" +
-	" QUALITY_SOURCE_HYBRID_CALIBRATED\x10\x04*]\n" +
+	" QUALITY_SOURCE_HYBRID_CALIBRATED\x10\x04*u\n" +
 	"\aLegKind\x12\x18\n" +
 	"\x14LEG_KIND_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rLEG_KIND_BM25\x10\x01\x12\x10\n" +
 	"\fLEG_KIND_KNN\x10\x02\x12\x13\n" +
-	"\x0fLEG_KIND_RERANK\x10\x03*\x80\x01\n" +
+	"\x0fLEG_KIND_RERANK\x10\x03\x12\x16\n" +
+	"\x12LEG_KIND_KNN_LATIN\x10\x04*\x80\x01\n" +
 	"\tLegStatus\x12\x1a\n" +
 	"\x16LEG_STATUS_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rLEG_STATUS_OK\x10\x01\x12\x16\n" +

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18retrieval/v1/types.proto\x12\x0cretrieval.v1\"W\n\x06Timing\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x13\n\x0btokenize_ms\x18\x02 \x01(\x01\x12\x14\n\x0cinference_ms\x18\x03 \x01(\x01\x12\x10\n\x08total_ms\x18\x04 \x01(\x01*\xdd\x02\n\x0e\x41ttemptOutcome\x12\x1f\n\x1b\x41TTEMPT_OUTCOME_UNSPECIFIED\x10\x00\x12\"\n\x1e\x41TTEMPT_OUTCOME_EVIDENCE_FOUND\x10\x01\x12\x19\n\x15\x41TTEMPT_OUTCOME_EMPTY\x10\x02\x12 \n\x1c\x41TTEMPT_OUTCOME_INSUFFICIENT\x10\x03\x12 \n\x1c\x41TTEMPT_OUTCOME_INADMISSIBLE\x10\x04\x12\x1b\n\x17\x41TTEMPT_OUTCOME_TIMEOUT\x10\x05\x12!\n\x1d\x41TTEMPT_OUTCOME_BACKEND_ERROR\x10\x06\x12!\n\x1d\x41TTEMPT_OUTCOME_BUDGET_DENIED\x10\x07\x12%\n!ATTEMPT_OUTCOME_PERMISSION_DENIED\x10\x08\x12\x1d\n\x19\x41TTEMPT_OUTCOME_CANCELLED\x10\t*v\n\x0e\x45videnceStatus\x12\x1f\n\x1b\x45VIDENCE_STATUS_UNSPECIFIED\x10\x00\x12\"\n\x1e\x45VIDENCE_STATUS_EVIDENCE_FOUND\x10\x01\x12\x1f\n\x1b\x45VIDENCE_STATUS_NO_EVIDENCE\x10\x02*\x92\x01\n\x0eRelevanceLevel\x12\x1f\n\x1bRELEVANCE_LEVEL_UNSPECIFIED\x10\x00\x12\x1b\n\x17RELEVANCE_LEVEL_PRECISE\x10\x01\x12#\n\x1fRELEVANCE_LEVEL_HIGHLY_RELEVANT\x10\x02\x12\x1d\n\x19RELEVANCE_LEVEL_REFERENCE\x10\x03*\xc3\x01\n\rQualitySource\x12\x1e\n\x1aQUALITY_SOURCE_UNSPECIFIED\x10\x00\x12!\n\x1dQUALITY_SOURCE_DENSE_DISTANCE\x10\x01\x12 \n\x1cQUALITY_SOURCE_RANK_FALLBACK\x10\x02\x12\'\n#QUALITY_SOURCE_RERANKER_PROBABILITY\x10\x03\x12$\n QUALITY_SOURCE_HYBRID_CALIBRATED\x10\x04*]\n\x07LegKind\x12\x18\n\x14LEG_KIND_UNSPECIFIED\x10\x00\x12\x11\n\rLEG_KIND_BM25\x10\x01\x12\x10\n\x0cLEG_KIND_KNN\x10\x02\x12\x13\n\x0fLEG_KIND_RERANK\x10\x03*\x80\x01\n\tLegStatus\x12\x1a\n\x16LEG_STATUS_UNSPECIFIED\x10\x00\x12\x11\n\rLEG_STATUS_OK\x10\x01\x12\x16\n\x12LEG_STATUS_TIMEOUT\x10\x02\x12\x14\n\x10LEG_STATUS_ERROR\x10\x03\x12\x16\n\x12LEG_STATUS_SKIPPED\x10\x04*R\n\nRerankMode\x12\x1b\n\x17RERANK_MODE_UNSPECIFIED\x10\x00\x12\x12\n\x0eRERANK_MODE_ON\x10\x01\x12\x13\n\x0fRERANK_MODE_OFF\x10\x02*P\n\nCollection\x12\x1a\n\x16\x43OLLECTION_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x43OLLECTION_DOC\x10\x01\x12\x12\n\x0e\x43OLLECTION_FAQ\x10\x02*}\n\x0cSourceStatus\x12\x1d\n\x19SOURCE_STATUS_UNSPECIFIED\x10\x00\x12\x1a\n\x16SOURCE_STATUS_APPROVED\x10\x01\x12\x17\n\x13SOURCE_STATUS_DRAFT\x10\x02\x12\x19\n\x15SOURCE_STATUS_RETIRED\x10\x03*c\n\x07GapKind\x12\x18\n\x14GAP_KIND_UNSPECIFIED\x10\x00\x12\x1d\n\x19GAP_KIND_USER_INFORMATION\x10\x01\x12\x1f\n\x1bGAP_KIND_EXTERNAL_KNOWLEDGE\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18retrieval/v1/types.proto\x12\x0cretrieval.v1\"W\n\x06Timing\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x13\n\x0btokenize_ms\x18\x02 \x01(\x01\x12\x14\n\x0cinference_ms\x18\x03 \x01(\x01\x12\x10\n\x08total_ms\x18\x04 \x01(\x01*\xdd\x02\n\x0e\x41ttemptOutcome\x12\x1f\n\x1b\x41TTEMPT_OUTCOME_UNSPECIFIED\x10\x00\x12\"\n\x1e\x41TTEMPT_OUTCOME_EVIDENCE_FOUND\x10\x01\x12\x19\n\x15\x41TTEMPT_OUTCOME_EMPTY\x10\x02\x12 \n\x1c\x41TTEMPT_OUTCOME_INSUFFICIENT\x10\x03\x12 \n\x1c\x41TTEMPT_OUTCOME_INADMISSIBLE\x10\x04\x12\x1b\n\x17\x41TTEMPT_OUTCOME_TIMEOUT\x10\x05\x12!\n\x1d\x41TTEMPT_OUTCOME_BACKEND_ERROR\x10\x06\x12!\n\x1d\x41TTEMPT_OUTCOME_BUDGET_DENIED\x10\x07\x12%\n!ATTEMPT_OUTCOME_PERMISSION_DENIED\x10\x08\x12\x1d\n\x19\x41TTEMPT_OUTCOME_CANCELLED\x10\t*v\n\x0e\x45videnceStatus\x12\x1f\n\x1b\x45VIDENCE_STATUS_UNSPECIFIED\x10\x00\x12\"\n\x1e\x45VIDENCE_STATUS_EVIDENCE_FOUND\x10\x01\x12\x1f\n\x1b\x45VIDENCE_STATUS_NO_EVIDENCE\x10\x02*\x92\x01\n\x0eRelevanceLevel\x12\x1f\n\x1bRELEVANCE_LEVEL_UNSPECIFIED\x10\x00\x12\x1b\n\x17RELEVANCE_LEVEL_PRECISE\x10\x01\x12#\n\x1fRELEVANCE_LEVEL_HIGHLY_RELEVANT\x10\x02\x12\x1d\n\x19RELEVANCE_LEVEL_REFERENCE\x10\x03*\xc3\x01\n\rQualitySource\x12\x1e\n\x1aQUALITY_SOURCE_UNSPECIFIED\x10\x00\x12!\n\x1dQUALITY_SOURCE_DENSE_DISTANCE\x10\x01\x12 \n\x1cQUALITY_SOURCE_RANK_FALLBACK\x10\x02\x12\'\n#QUALITY_SOURCE_RERANKER_PROBABILITY\x10\x03\x12$\n QUALITY_SOURCE_HYBRID_CALIBRATED\x10\x04*u\n\x07LegKind\x12\x18\n\x14LEG_KIND_UNSPECIFIED\x10\x00\x12\x11\n\rLEG_KIND_BM25\x10\x01\x12\x10\n\x0cLEG_KIND_KNN\x10\x02\x12\x13\n\x0fLEG_KIND_RERANK\x10\x03\x12\x16\n\x12LEG_KIND_KNN_LATIN\x10\x04*\x80\x01\n\tLegStatus\x12\x1a\n\x16LEG_STATUS_UNSPECIFIED\x10\x00\x12\x11\n\rLEG_STATUS_OK\x10\x01\x12\x16\n\x12LEG_STATUS_TIMEOUT\x10\x02\x12\x14\n\x10LEG_STATUS_ERROR\x10\x03\x12\x16\n\x12LEG_STATUS_SKIPPED\x10\x04*R\n\nRerankMode\x12\x1b\n\x17RERANK_MODE_UNSPECIFIED\x10\x00\x12\x12\n\x0eRERANK_MODE_ON\x10\x01\x12\x13\n\x0fRERANK_MODE_OFF\x10\x02*P\n\nCollection\x12\x1a\n\x16\x43OLLECTION_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x43OLLECTION_DOC\x10\x01\x12\x12\n\x0e\x43OLLECTION_FAQ\x10\x02*}\n\x0cSourceStatus\x12\x1d\n\x19SOURCE_STATUS_UNSPECIFIED\x10\x00\x12\x1a\n\x16SOURCE_STATUS_APPROVED\x10\x01\x12\x17\n\x13SOURCE_STATUS_DRAFT\x10\x02\x12\x19\n\x15SOURCE_STATUS_RETIRED\x10\x03*c\n\x07GapKind\x12\x18\n\x14GAP_KIND_UNSPECIFIED\x10\x00\x12\x1d\n\x19GAP_KIND_USER_INFORMATION\x10\x01\x12\x1f\n\x1bGAP_KIND_EXTERNAL_KNOWLEDGE\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,17 +40,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_QUALITYSOURCE']._serialized_start=753
   _globals['_QUALITYSOURCE']._serialized_end=948
   _globals['_LEGKIND']._serialized_start=950
-  _globals['_LEGKIND']._serialized_end=1043
-  _globals['_LEGSTATUS']._serialized_start=1046
-  _globals['_LEGSTATUS']._serialized_end=1174
-  _globals['_RERANKMODE']._serialized_start=1176
-  _globals['_RERANKMODE']._serialized_end=1258
-  _globals['_COLLECTION']._serialized_start=1260
-  _globals['_COLLECTION']._serialized_end=1340
-  _globals['_SOURCESTATUS']._serialized_start=1342
-  _globals['_SOURCESTATUS']._serialized_end=1467
-  _globals['_GAPKIND']._serialized_start=1469
-  _globals['_GAPKIND']._serialized_end=1568
+  _globals['_LEGKIND']._serialized_end=1067
+  _globals['_LEGSTATUS']._serialized_start=1070
+  _globals['_LEGSTATUS']._serialized_end=1198
+  _globals['_RERANKMODE']._serialized_start=1200
+  _globals['_RERANKMODE']._serialized_end=1282
+  _globals['_COLLECTION']._serialized_start=1284
+  _globals['_COLLECTION']._serialized_end=1364
+  _globals['_SOURCESTATUS']._serialized_start=1366
+  _globals['_SOURCESTATUS']._serialized_end=1491
+  _globals['_GAPKIND']._serialized_start=1493
+  _globals['_GAPKIND']._serialized_end=1592
   _globals['_TIMING']._serialized_start=42
   _globals['_TIMING']._serialized_end=129
 # @@protoc_insertion_point(module_scope)

@@ -153,7 +153,10 @@ export interface Filters_MetadataEntry {
 
 /** RetrievalOptions switches legs and tunes the attempt. */
 export interface RetrievalOptions {
-  /** Legs to run; empty means BM25 and KNN. LEG_KIND_RERANK here is invalid (use rerank). */
+  /**
+   * Legs to run; empty means BM25, KNN and (where the server serves a Latin-script
+   * embedder) KNN_LATIN. LEG_KIND_RERANK here is invalid (use rerank).
+   */
   legs: LegKind[];
   /** Whether to rerank the fused candidates. */
   rerank: RerankMode;
@@ -219,7 +222,7 @@ export interface LegReport {
   hitCount: number;
   /** Why the leg was skipped, timed out or failed; empty when OK. */
   detail: string;
-  /** Model runtime timing for model legs (KNN embedding, RERANK). */
+  /** Model runtime timing for model legs (KNN and KNN_LATIN embedding, RERANK). */
   timing: Timing | undefined;
 }
 
@@ -259,6 +262,10 @@ export interface EvidenceItem {
   /** The parent section the chunk belongs to, for context (cut by the budget too). */
   context: string;
   metadata: { [key: string]: string };
+  /** Cosine similarity by the Latin-script embedder when its leg (KNN_LATIN) found this chunk. */
+  latinDenseScore?:
+    | number
+    | undefined;
   /** Provenance: the gap this evidence was acquired for (empty without a gap). */
   acquiredForGapId: string;
   /** Provenance: the attempt that returned it. */
@@ -1773,6 +1780,7 @@ function createBaseEvidenceItem(): EvidenceItem {
     chunkIndex: 0,
     context: "",
     metadata: {},
+    latinDenseScore: undefined,
     acquiredForGapId: "",
     attemptId: "",
   };
@@ -1828,6 +1836,9 @@ export const EvidenceItem: MessageFns<EvidenceItem> = {
     globalThis.Object.entries(message.metadata).forEach(([key, value]: [string, string]) => {
       EvidenceItem_MetadataEntry.encode({ key: key as any, value }, writer.uint32(130).fork()).join();
     });
+    if (message.latinDenseScore !== undefined) {
+      writer.uint32(137).double(message.latinDenseScore);
+    }
     if (message.acquiredForGapId !== "") {
       writer.uint32(482).string(message.acquiredForGapId);
     }
@@ -1981,6 +1992,14 @@ export const EvidenceItem: MessageFns<EvidenceItem> = {
             }
             continue;
           }
+          case 17: {
+            if (tag !== 137) {
+              break;
+            }
+
+            message.latinDenseScore = reader.double();
+            continue;
+          }
           case 60: {
             if (tag !== 482) {
               break;
@@ -2068,6 +2087,11 @@ export const EvidenceItem: MessageFns<EvidenceItem> = {
           {},
         )
         : {},
+      latinDenseScore: isSet(object.latinDenseScore)
+        ? globalThis.Number(object.latinDenseScore)
+        : isSet(object.latin_dense_score)
+        ? globalThis.Number(object.latin_dense_score)
+        : undefined,
       acquiredForGapId: isSet(object.acquiredForGapId)
         ? globalThis.String(object.acquiredForGapId)
         : isSet(object.acquired_for_gap_id)
@@ -2137,6 +2161,9 @@ export const EvidenceItem: MessageFns<EvidenceItem> = {
         });
       }
     }
+    if (message.latinDenseScore !== undefined) {
+      obj.latinDenseScore = floatToJson(message.latinDenseScore);
+    }
     if (message.acquiredForGapId !== "") {
       obj.acquiredForGapId = message.acquiredForGapId;
     }
@@ -2175,6 +2202,7 @@ export const EvidenceItem: MessageFns<EvidenceItem> = {
       },
       {},
     );
+    message.latinDenseScore = object.latinDenseScore ?? undefined;
     message.acquiredForGapId = object.acquiredForGapId ?? "";
     message.attemptId = object.attemptId ?? "";
     return message;

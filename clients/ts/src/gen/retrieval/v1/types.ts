@@ -272,6 +272,12 @@ export enum LegKind {
   LEG_KIND_KNN = 2,
   /** LEG_KIND_RERANK - CrossEncoder reranking of the fused candidates. */
   LEG_KIND_RERANK = 3,
+  /**
+   * LEG_KIND_KNN_LATIN - Query embedding + vector search by the Latin-script embedder (latin_embedding_model):
+   * runs for queries without Han characters, over the chunks without them; SKIPPED (with the
+   * reason) for other queries or where the server serves no such embedder.
+   */
+  LEG_KIND_KNN_LATIN = 4,
   UNRECOGNIZED = -1,
 }
 
@@ -289,6 +295,9 @@ export function legKindFromJSON(object: any): LegKind {
     case 3:
     case "LEG_KIND_RERANK":
       return LegKind.LEG_KIND_RERANK;
+    case 4:
+    case "LEG_KIND_KNN_LATIN":
+      return LegKind.LEG_KIND_KNN_LATIN;
     case -1:
     case "UNRECOGNIZED":
     default:
@@ -306,6 +315,8 @@ export function legKindToJSON(object: LegKind): string {
       return "LEG_KIND_KNN";
     case LegKind.LEG_KIND_RERANK:
       return "LEG_KIND_RERANK";
+    case LegKind.LEG_KIND_KNN_LATIN:
+      return "LEG_KIND_KNN_LATIN";
     case LegKind.UNRECOGNIZED:
     default:
       return "UNRECOGNIZED";

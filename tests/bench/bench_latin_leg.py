@@ -1,0 +1,107 @@
+"""What the Latin-script dense leg costs: ingest throughput and warm single-query latency with
+the leg on (bge-small-en beside e5) against off, in the same run (absolute times drift on a
+shared machine; ratios do not).
+
+    .venv/bin/python tests/bench/bench_latin_leg.py [--docs 300] [--queries 40]
+
+Corpus: InsuranceQA valid answers, English and Chinese (their questions' judged answers
+first), so the English chunks get the second vector and the Chinese ones do not; queries:
+their questions, each asked once per mode with a distinct suffix (the query-embedding cache
+would otherwise answer). Prints ingest chunks/s, and p50/p95 of hybrid Retrieve (rerank off)
+and hybrid + rerank (the shipped reranker, passage states computed) per language.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import grpc  # noqa: E402
+
+from service._gen.retrieval.v1 import corpus_pb2, corpus_pb2_grpc, retrieval_pb2, retrieval_pb2_grpc, types_pb2  # noqa: E402
+from service.api.server import Server  # noqa: E402
+from service.app import DEFAULT_LATIN_EMBEDDER, App  # noqa: E402
+from service.config import Config  # noqa: E402
+from service.eval.metrics import percentile  # noqa: E402
+from tests.bench.bench_rerank_states import corpus  # noqa: E402
+
+
+@dataclasses.dataclass
+class Run:
+    ingest_s: float = 0.0
+    chunks: int = 0
+    hybrid: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    reranked: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+
+
+async def serve(latin: str, docs: list[corpus_pb2.Document], queries: dict[str, list[str]], tag: str) -> Run:
+    run = Run()
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = dataclasses.replace(Config(), data_dir=Path(tmp), latin_embedding_model=latin, reranker_model="auto")
+        app = App.build(cfg)
+        server = Server(app)
+        port = await server.start("127.0.0.1:0")
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            corpus_stub = corpus_pb2_grpc.CorpusServiceStub(ch)
+            retrieval = retrieval_pb2_grpc.RetrievalServiceStub(ch)
+
+            async def stream() -> AsyncIterator[corpus_pb2.IngestRequest]:
+                for d in docs:
+                    yield corpus_pb2.IngestRequest(document=d)
+
+            t0 = time.perf_counter()
+            summary = await corpus_stub.Ingest(stream())
+            run.ingest_s, run.chunks = time.perf_counter() - t0, summary.chunks_indexed
+
+            async def timed(lang: str, rerank: int, suffix: str) -> list[float]:
+                out = []
+                for i, q in enumerate(queries[lang]):
+                    req = retrieval_pb2.RetrieveRequest(query=f"{q} {suffix}{i}", top_k=5, options=retrieval_pb2.RetrievalOptions(
+                        rerank=rerank, min_quality=1e-9))
+                    t = time.perf_counter()
+                    async for _ in retrieval.Retrieve(req):
+                        pass
+                    out.append((time.perf_counter() - t) * 1000)
+                return out
+
+            for lang in queries:
+                await timed(lang, types_pb2.RERANK_MODE_ON, f"warm-{tag}")
+                run.hybrid[lang] = await timed(lang, types_pb2.RERANK_MODE_OFF, f"h-{tag}")
+                run.reranked[lang] = await timed(lang, types_pb2.RERANK_MODE_ON, f"r-{tag}")
+        await server.stop(0.5)
+    return run
+
+
+async def main(n_docs: int, n_queries: int) -> None:
+    docs: list[corpus_pb2.Document] = []
+    queries: dict[str, list[str]] = {}
+    for lang in ("en", "zh"):
+        d, q = corpus(lang, n_docs, n_queries)
+        docs += d
+        queries[lang] = q[:n_queries]
+    off = await serve("", docs, queries, "off")
+    on = await serve(DEFAULT_LATIN_EMBEDDER, docs, queries, "on")
+    print(f"{len(docs)} documents, {on.chunks} chunks; {n_queries} queries per language and mode")
+    print(f"ingest chunks/s: Latin-script leg off {off.chunks / off.ingest_s:.1f}, on {on.chunks / on.ingest_s:.1f}"
+          f" ({(on.chunks / on.ingest_s) / (off.chunks / off.ingest_s):.2f}x)")
+    for lang in queries:
+        for name, a, b in (("hybrid", off.hybrid[lang], on.hybrid[lang]),
+                           ("hybrid + rerank", off.reranked[lang], on.reranked[lang])):
+            print(f"  {lang} {name:<16} p50 off {percentile(a, 50):7.1f} ms, on {percentile(b, 50):7.1f} ms"
+                  f" ({percentile(b, 50) / percentile(a, 50):.2f}x); p95 {percentile(a, 95):7.1f} / {percentile(b, 95):7.1f}")
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--docs", type=int, default=300, help="valid answers per language")
+    p.add_argument("--queries", type=int, default=40, help="valid questions per language")
+    a = p.parse_args()
+    asyncio.run(main(a.docs, a.queries))
