@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from opensearchpy import AsyncOpenSearch
 from service._gen.retrieval.v1 import corpus_pb2, types_pb2
 from service.app import DEFAULT_RERANKER
 from service.config import Config
-from service.engines.base import VectorField, make_chunk_id
+from service.engines.base import ChunkRecord, VectorField, make_chunk_id
 from service.engines.opensearch import mapping
 from service.engines.opensearch.engine import OpenSearchEngine
 from service.models.base import EmbeddingBackend
@@ -64,20 +65,29 @@ async def test_service_stores_states_and_reingest_replaces_them(request: pytest.
         await shutdown(live)
 
 
-async def test_old_index_gets_the_states_fields(request: pytest.FixtureRequest) -> None:
-    url = opensearch_url_or_skip()
-    prefix = unique_prefix("states")
-    request.addfinalizer(lambda: drop_prefix(url, prefix))
+async def _old_index(url: str, prefix: str, without: tuple[str, ...], chunks: Sequence[ChunkRecord] = ()) -> None:
+    """An index made the way an older version made it: this mapping minus ``without``
+    (``dynamic: strict`` then refuses those fields), holding ``chunks``."""
     old = copy.deepcopy(mapping.index_template(prefix, 8, 1, 0))
-    for name in mapping.STATES_PROPERTIES:
+    for name in without:
         del old["template"]["mappings"]["properties"][name]
     client = AsyncOpenSearch(hosts=[url])
     try:
         await client.indices.put_index_template(name=mapping.template_name(prefix), body=old)
         await client.indices.create(index=mapping.index_name(prefix, mapping.MAPPING_VERSION),
                                     body=mapping.create_index_body(prefix))
+        for c in chunks:
+            await client.index(index=mapping.alias_name(prefix), id=c.chunk_id, refresh=True,
+                               body=mapping.chunk_to_doc(c))
     finally:
         await client.close()
+
+
+async def test_old_index_gets_the_states_fields(request: pytest.FixtureRequest) -> None:
+    url = opensearch_url_or_skip()
+    prefix = unique_prefix("states")
+    request.addfinalizer(lambda: drop_prefix(url, prefix))
+    await _old_index(url, prefix, without=tuple(mapping.STATES_PROPERTIES))
     engine = OpenSearchEngine(url, index_prefix=prefix, dimension=8)
     await engine.start()
     try:
@@ -96,18 +106,8 @@ async def test_old_index_gets_the_latin_vector_field(request: pytest.FixtureRequ
     url = opensearch_url_or_skip()
     prefix = unique_prefix("latin")
     request.addfinalizer(lambda: drop_prefix(url, prefix))
-    old = copy.deepcopy(mapping.index_template(prefix, 8, 1, 0))
-    for name in (*mapping.STATES_PROPERTIES, VectorField.LATIN.value):
-        del old["template"]["mappings"]["properties"][name]
-    client = AsyncOpenSearch(hosts=[url])
-    try:
-        await client.indices.put_index_template(name=mapping.template_name(prefix), body=old)
-        await client.indices.create(index=mapping.index_name(prefix, mapping.MAPPING_VERSION),
-                                    body=mapping.create_index_body(prefix))
-        await client.index(index=mapping.alias_name(prefix), id="S0#0@v1", refresh=True,
-                           body=mapping.chunk_to_doc(chunk("S0", 0, "old policy", vector=unit(1.0))))
-    finally:
-        await client.close()
+    await _old_index(url, prefix, without=(*mapping.STATES_PROPERTIES, VectorField.LATIN.value),
+                     chunks=[chunk("S0", 0, "old policy", vector=unit(1.0))])
     engine = OpenSearchEngine(url, index_prefix=prefix, dimension=8, latin_dimension=8)
     await engine.start()
     try:
