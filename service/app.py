@@ -22,7 +22,7 @@ from service.observability.metrics import ServiceMetrics
 from service.observability.tracing import Tracer
 from service.pipeline.attempt import AttemptRunner
 from service.pipeline.head_order import HeadOrder, order_sha256, read_order
-from service.pipeline.quality import QualityModel, load_calibration
+from service.pipeline.quality import QualityModel, TwoLegView, load_calibration
 from service.planning.rules import PlanRules, load_rules
 
 log = logging.getLogger(__name__)
@@ -195,12 +195,10 @@ def load_quality_model(cfg: Config, embedder: EmbeddingBackend, choice: Reranker
     rerank = None
     if choice.backend is not None and choice.model_dir is not None:
         rerank = load_calibration(choice.model_dir, "rerank", choice.backend.info.sha256)
-    if cfg.latin_embedding_model:
-        for kind, cal in (("hybrid", hybrid), ("rerank", rerank)):
-            if cal is not None and not cal.covers(False, "all"):
-                log.warning("the %s calibration has no model for lists the Latin-script leg answered in "
-                            "(all/en): their quality stays uncalibrated, with no \"nothing here\" gate", kind)
-    return QualityModel(hybrid, rerank)
+    # Lists the Latin-script leg answered in are judged as the two-leg calibration sees their
+    # items (README "The Latin-script dense leg"): BM25 and kNN ranks with the two-leg fusion.
+    two_leg = TwoLegView(cfg.rrf_k, cfg.bm25_weight, cfg.knn_weight) if cfg.latin_embedding_model else None
+    return QualityModel(hybrid, rerank, two_leg)
 
 
 def _alpha(cfg: Config, gate: dict[str, Any] | None) -> float:

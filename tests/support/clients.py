@@ -22,6 +22,7 @@ import pytest
 
 from service.config import Config
 from service.models.base import EmbeddingBackend
+from service.models.dummy import HashEmbedder
 from tests.support.harness import Live, demo_documents, launch, shutdown
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,7 +90,9 @@ async def client_server(tmp_path_factory: pytest.TempPathFactory,
                             f'groups = {json.dumps(["support"] if name == "support" else [])}\n\n'
                             for name, key in API_KEYS.items()))
     cfg = dataclasses.replace(Config(), data_dir=tmp / "data", reranker_model="", api_keys_file=str(keys))
-    live = await launch(cfg, e5_embedder, demo=False)
+    # The Latin-script leg served by the hashing stand-in: every client sees the default's
+    # third leg (LEG_KIND_KNN_LATIN) whether or not this machine built bge-small-en.
+    live = await launch(cfg, e5_embedder, demo=False, latin_embedder=HashEmbedder())
     summary = await live.ingest(demo_documents(), metadata=(("x-api-key", API_KEYS["support"]),))
     assert not summary.errors and summary.documents_indexed == len(demo_documents()), summary
     terminator, tls_target, ca = await tls_terminator(tmp, live.target)

@@ -53,7 +53,7 @@ describe("RetrievalClient against a live server", () => {
       [1, 2],
     );
     assert.equal(attempt.evidence[0]?.sourceId, "kb-password-reset");
-    assert.deepEqual(attempt.legs.map((l) => l.kind).sort(), ["BM25", "KNN", "RERANK"]);
+    assert.deepEqual(attempt.legs.map((l) => l.kind).sort(), ["BM25", "KNN", "KNN_LATIN", "RERANK"]);
     const record = await client.getAttempt(attempt.attemptId);
     assert.equal(record?.query, "how do I reset my password");
     assert.equal(record?.principal, "support-bot");
@@ -67,7 +67,7 @@ describe("RetrievalClient against a live server", () => {
   test("events: legs, then evidence, then exactly one result; leaving early cancels", async () => {
     const kinds: Event["kind"][] = [];
     for await (const event of client.events("cancel my subscription", { topK: 3 })) kinds.push(event.kind);
-    assert.deepEqual(kinds, ["leg", "leg", "evidence", "evidence", "evidence", "result"]);
+    assert.deepEqual(kinds, ["leg", "leg", "leg", "evidence", "evidence", "evidence", "result"]);
     for await (const event of client.events("how do I reset my password")) {
       assert.equal(event.kind, "leg");
       break;

@@ -22,15 +22,16 @@ def default_models_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "retrieval-service" / "models"
 
 
-def build_all(out_dir: Path | None = None, force: bool = False, bge: bool = False) -> list[Path]:
+def build_all(out_dir: Path | None = None, force: bool = False, bge: bool = True) -> list[Path]:
     """Build every model: e5-small fp32 + int8 (the wheel's, the default embedder) and the
     InsuranceQA-adapted e5 int8 (opt-in to serve: the wheel's model with the committed
     upper-layer delta), each with its shipped hybrid quality calibration, then every shipped
     reranker from its committed delta (the default one, and the one paired with the adapted
-    e5); building the adapted pair always makes switching to it a configuration change; with ``bge``, also
-    the carded bge embedders from their Maven jars (skipped without the jar and mvn). bge is
-    opt-in: nothing serves it by default (it won on valid only fused with e5, a leg the
-    pipeline does not have yet), so a fresh install does not fetch it. Returns the model dirs.
+    e5); building the adapted pair always makes switching to it a configuration change; with ``bge`` (the
+    default), also the carded bge embedders from their Maven jars: bge-small-en is the
+    Latin-script dense leg's embedder, which ``latin_embedding_model = "auto"`` serves once it
+    is built (a machine with neither the jar in ~/.m2 nor mvn skips it with a note, and the
+    service then runs without that leg, saying so). Returns the model dirs.
 
     An exclusive lock on ``out_dir/.build.lock`` lets parallel test sessions or CI jobs
     share one cache dir: the second waits, then finds the models current and skips."""

@@ -15,8 +15,8 @@ def main(argv: list[str] | None = None) -> int:
     build = sub.add_parser("build", help="build the ONNX models from installed weight packages")
     build.add_argument("--out", type=Path, default=None, help=f"output dir (default: {default_models_dir()})")
     build.add_argument("--force", action="store_true", help="rebuild even if the manifests are current")
-    build.add_argument("--bge", action="store_true",
-                       help="also build the carded bge-small embedders from their Maven jars (opt-in)")
+    build.add_argument("--no-bge", dest="bge", action="store_false",
+                       help="skip the carded bge-small embedders (built from their Maven jars by default)")
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
     for path in build_all(args.out, force=args.force, bge=args.bge):

@@ -58,7 +58,8 @@ async def test_python_go_and_typescript_clients_agree(client_server: ClientServe
     assert tool["evidence_status"] == "EVIDENCE_FOUND" and tool["tool_call_id"] == "call-zh"
     assert tool["evidence"][0]["source"] == "faq-invoice-zh" and tool["returned_count"] == 1
     flt = golden["filter"][0]
-    assert flt["outcome"] == "EVIDENCE_FOUND" and flt["legs"] == {"BM25": "OK", "KNN": "SKIPPED", "RERANK": "SKIPPED"}
+    assert flt["outcome"] == "EVIDENCE_FOUND" and flt["legs"] == {"BM25": "OK", "KNN": "SKIPPED", "KNN_LATIN": "SKIPPED",
+                                                          "RERANK": "SKIPPED"}
     assert {i.split("#")[0] for i in _ids(flt)} <= {"kb-billing", "kb-refund-zh"}
     public, support = golden["acl"]
     assert not any(i.startswith("internal-escalation#") for i in _ids(public))

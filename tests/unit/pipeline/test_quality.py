@@ -214,3 +214,35 @@ def test_the_latin_leg_sets_are_judged_only_where_a_model_was_fitted_for_them() 
     # A leg set with no model at all (the Latin-script leg alone): uncalibrated.
     lexical = _candidate(distance=None, bm25=None, fused=0.1)
     assert model.assign(lexical, reranked=False, max_fused=0.2, cjk=False, legs="knn_latin") is QualitySource.RANK_FALLBACK
+
+
+def test_the_two_leg_view_judges_a_three_leg_list_as_the_two_legs_see_it() -> None:
+    # Where the Latin-script leg is served and a calibration has no "all" model (the shipped
+    # ones), an item of a three-leg list is judged by the two-leg model on what BM25 and kNN
+    # say of it: their ranks fused with the two-leg settings, on the two-leg scale.
+    from service.pipeline.quality import TwoLegView
+
+    view = TwoLegView(rrf_k=10, bm25_weight=0.3, knn_weight=1.0)
+    doc = {**_doc("hybrid", "h"), "gate": {"both/en": 0.07}}
+    model = QualityModel(hybrid=parse_calibration(doc, "hybrid"), rerank=parse_calibration(_doc("rerank", "r"), "rerank"),
+                         two_leg=view)
+    c = _candidate(distance=math.sqrt(2 * (1 - 0.9)), bm25=2.0, fused=0.4, rerank=1.5)
+    c.bm25_rank, c.knn_rank, c.latin_rank = 3, 1, 1
+    pair = 0.3 / 13 + 1.0 / 11
+    assert view.fused(c) == pytest.approx(pair) and view.best == pytest.approx(1.3 / 11)
+    assert model.assign(c, reranked=False, max_fused=0.5, cjk=False, legs="all") is QualitySource.HYBRID_CALIBRATED
+    x = signals(dense_score=0.9, bm25_score=2.0, fused_score=pair, max_fused=1.3 / 11)
+    assert c.quality == pytest.approx(model.hybrid.probability(x, False, "both"))  # type: ignore[union-attr]
+    assert model.default_gate(QualitySource.HYBRID_CALIBRATED, cjk=False, legs="all") == 0.07
+    assert model.assign(c, reranked=True, max_fused=0.5, cjk=False, legs="all") is QualitySource.RERANKER_PROBABILITY
+    assert c.quality == pytest.approx(model.rerank.probability(x | {"rerank_logit": 1.5}, False, "both"))  # type: ignore[union-attr]
+    # The first stage's judge reads the item the two legs rank best, not the three-leg top.
+    only_latin = _candidate(distance=None, bm25=None, fused=0.45)
+    only_latin.latin_rank = 1
+    assert model.first_stage_quality([only_latin, c], max_fused=0.5, cjk=False, legs="all") == pytest.approx(
+        model.hybrid.probability(x, False, "both"))  # type: ignore[union-attr]
+    # An "all" model, where a calibration has one, judges instead.
+    fitted = {**doc, "models": {**doc["models"], "all/en": _logistic(HYBRID_FEATURES, 6.0)}}  # type: ignore[dict-item]
+    own = QualityModel(hybrid=parse_calibration(fitted, "hybrid"), two_leg=view)
+    own.assign(c, reranked=False, max_fused=0.5, cjk=False, legs="all", answered_max_fused=0.5)
+    assert c.quality == pytest.approx(1 / (1 + math.exp(-(-2.0 + 6.0 * 0.9))), rel=1e-6)
