@@ -327,6 +327,16 @@ def _timed_states(backend: CrossEncoderBackend) -> BatchFn[str, bytes]:
     return run
 
 
+@dataclass
+class _EmbeddingLane:
+    """One embedder's way through the runtime: its query cache and its two batchers."""
+
+    model: EmbeddingBackend
+    cache: QueryEmbeddingCache
+    queries: MicroBatcher[str, FloatArray]
+    passages: MicroBatcher[str, FloatArray]
+
+
 class ModelRuntime:
     """Embedding and rerank entry points for the pipeline, all async, all pooled."""
 
@@ -350,9 +360,6 @@ class ModelRuntime:
         latin_embedder: EmbeddingBackend | None = None,
     ) -> None:
         self.embedder = embedder
-        # The Latin-script embedder (``latin_embedding_model``): a second dense leg for
-        # queries and chunks without Han characters; None = no such leg.
-        self.latin_embedder = latin_embedder
         self.reranker = reranker
         self._metrics = metrics
         confine_numpy_blas()  # the pool's threads are the process's compute threads
@@ -365,34 +372,28 @@ class ModelRuntime:
         self.executor = niced_pool(workers, "model", worker_nice)
         self.ingest_executor = self.executor if ingest_workers <= 0 else niced_pool(
             ingest_workers, "ingest-model", ingest_nice)
-        self.query_cache = QueryEmbeddingCache(query_cache_size, embedder.info.sha256)
         # Ingest batches run on every ingest thread only while no query needs the models.
         ingest_threads = ingest_workers or workers
         self.foreground = ForegroundGate(ingest_threads, ingest_workers_while_querying, on_held_back=(
             metrics.ingest_held_back.inc if metrics is not None else None))
         common = dict(max_wait_s=max_wait_ms / 1000, max_queue=max_queue, concurrency=workers, metrics=metrics)
-        self._queries: MicroBatcher[str, FloatArray] = MicroBatcher(
-            "embed-query", _timed_embed(embedder, "query"), self.executor,
-            max_batch=max(max_batch, 32), isolate_requests=not embedder.batch_invariant, **common,  # type: ignore[arg-type]
-        )
-        self._passages: MicroBatcher[str, FloatArray] = MicroBatcher(
-            "embed-passage", _timed_embed(embedder, "passage"), self.ingest_executor,
-            max_batch=max_batch, isolate_requests=not embedder.batch_invariant, gate=self.foreground,
-            **{**common, "concurrency": ingest_threads},  # type: ignore[arg-type]
-        )
-        self._latin_queries: MicroBatcher[str, FloatArray] | None = None
-        self._latin_passages: MicroBatcher[str, FloatArray] | None = None
-        if latin_embedder is not None:
-            self.latin_query_cache = QueryEmbeddingCache(query_cache_size, latin_embedder.info.sha256)
-            self._latin_queries = MicroBatcher(
-                "embed-query-latin", _timed_embed(latin_embedder, "query"), self.executor,
-                max_batch=max(max_batch, 32), isolate_requests=not latin_embedder.batch_invariant, **common,  # type: ignore[arg-type]
+
+        def make_lane(model: EmbeddingBackend, suffix: str) -> _EmbeddingLane:
+            """An embedder's query batcher (query pool), passage batcher (ingest pool) and query cache."""
+            return _EmbeddingLane(
+                model, QueryEmbeddingCache(query_cache_size, model.info.sha256),
+                MicroBatcher(f"embed-query{suffix}", _timed_embed(model, "query"), self.executor,
+                             max_batch=max(max_batch, 32), isolate_requests=not model.batch_invariant,
+                             **common),  # type: ignore[arg-type]
+                MicroBatcher(f"embed-passage{suffix}", _timed_embed(model, "passage"), self.ingest_executor,
+                             max_batch=max_batch, isolate_requests=not model.batch_invariant, gate=self.foreground,
+                             **{**common, "concurrency": ingest_threads}),  # type: ignore[arg-type]
             )
-            self._latin_passages = MicroBatcher(
-                "embed-passage-latin", _timed_embed(latin_embedder, "passage"), self.ingest_executor,
-                max_batch=max_batch, isolate_requests=not latin_embedder.batch_invariant, gate=self.foreground,
-                **{**common, "concurrency": ingest_threads},  # type: ignore[arg-type]
-            )
+
+        self._embedding = make_lane(embedder, "")
+        # The Latin-script embedder (``latin_embedding_model``): a second dense leg for
+        # queries and chunks without Han characters; None = no such leg.
+        self._latin = make_lane(latin_embedder, "-latin") if latin_embedder is not None else None
         self._rerank: MicroBatcher[RerankItem, RerankOut] | None = None
         self._states: MicroBatcher[str, bytes] | None = None
         if reranker is not None:
@@ -414,8 +415,17 @@ class ModelRuntime:
                 **{**common, "concurrency": ingest_threads},  # type: ignore[arg-type]
             )
         self._batchers: list[MicroBatcher[str, FloatArray] | MicroBatcher[RerankItem, RerankOut]
-                             | MicroBatcher[str, bytes]] = [self._queries, self._passages] + [
-            b for b in (self._latin_queries, self._latin_passages, self._rerank, self._states) if b is not None]
+                             | MicroBatcher[str, bytes]] = [
+            b for lane in self._lanes for b in (lane.queries, lane.passages)]
+        self._batchers += [b for b in (self._rerank, self._states) if b is not None]
+
+    @property
+    def _lanes(self) -> list[_EmbeddingLane]:
+        return [lane for lane in (self._embedding, self._latin) if lane is not None]
+
+    @property
+    def latin_embedder(self) -> EmbeddingBackend | None:
+        return self._latin.model if self._latin is not None else None
 
     @property
     def model_infos(self) -> list[ModelInfo]:
@@ -431,9 +441,8 @@ class ModelRuntime:
             batcher.start()
         # Warm up inside the pool so the first caller does not pay session start-up.
         deadline = time.monotonic() + 120
-        await self._queries.submit(["warm up"], deadline)  # not via the cache: no query asked it
-        if self._latin_queries is not None:
-            await self._latin_queries.submit(["warm up"], deadline)
+        for lane in self._lanes:  # not via the cache: no query asked it
+            await lane.queries.submit(["warm up"], deadline)
         if self._rerank is not None:
             await self.rerank("warm up", ["warm up"], deadline)
         if self._states is not None:  # and the two-graph path stored states take
@@ -450,43 +459,42 @@ class ModelRuntime:
         """Explicit overload check: any queue past 90% of its bound."""
         return any(b.depth >= 0.9 * b.capacity for b in self._batchers)
 
+    def _lane(self, latin: bool) -> _EmbeddingLane:
+        if not latin:
+            return self._embedding
+        if self._latin is None:
+            raise RuntimeError("no Latin-script embedder configured")
+        return self._latin
+
     async def embed_query(self, text: str, deadline: float, *, latin: bool = False) -> tuple[FloatArray, Timing]:
         """The query's vector by the embedder, or with ``latin`` by the Latin-script one."""
-        cache, batcher = self.query_cache, self._queries
-        if latin:
-            if self._latin_queries is None:
-                raise RuntimeError("no Latin-script embedder configured")
-            cache, batcher = self.latin_query_cache, self._latin_queries
-        cached = cache.get(text)
-        if self._metrics is not None and cache.size:
+        lane = self._lane(latin)
+        cached = lane.cache.get(text)
+        if self._metrics is not None and lane.cache.size:
             self._metrics.query_cache.labels("hit" if cached is not None else "miss").inc()
         if cached is not None:
             self.foreground.touch()
             return cached, Timing()
         with self.foreground.foreground():
-            vectors, timing = await batcher.submit([text], deadline)
-        cache.put(text, vectors[0])
+            vectors, timing = await lane.queries.submit([text], deadline)
+        lane.cache.put(text, vectors[0])
         return vectors[0], timing
 
     async def embed_passages(
         self, texts: Sequence[str], deadline: float, batch: int = 16, *, latin: bool = False
     ) -> tuple[FloatArray, Timing]:
         """Passage vectors (ingest; the ingest pool), by the Latin-script embedder with ``latin``."""
-        batcher, embedder = self._passages, self.embedder
-        if latin:
-            if self._latin_passages is None or self.latin_embedder is None:
-                raise RuntimeError("no Latin-script embedder configured")
-            batcher, embedder = self._latin_passages, self.latin_embedder
+        lane = self._lane(latin)
         total = Timing()
         parts: list[FloatArray] = []
         pending = [
-            batcher.submit(list(texts[i : i + batch]), deadline)
+            lane.passages.submit(list(texts[i : i + batch]), deadline)
             for i in range(0, len(texts), batch)
         ]
         for vectors, timing in await asyncio.gather(*pending):
             parts.extend(vectors)
             total = total.add(timing)
-        dim = embedder.dimension
+        dim = lane.model.dimension
         matrix = np.stack(parts).astype(np.float32) if parts else np.zeros((0, dim), np.float32)
         return matrix, total
 

@@ -52,9 +52,9 @@ async def test_runtime_answers_a_repeat_from_the_cache() -> None:
     try:
         deadline = time.monotonic() + 5
         first, t1 = await rt.embed_query("refund  policy", deadline)
-        batches = rt._queries.batches_run
+        batches = rt._embedding.queries.batches_run
         again, t2 = await rt.embed_query("refund policy", deadline)
-        assert rt._queries.batches_run == batches  # no model call
+        assert rt._embedding.queries.batches_run == batches  # no model call
         assert np.array_equal(first, again) and t2.inference_ms == 0 and t1.batch_size == 1
         assert not again.flags.writeable
     finally:

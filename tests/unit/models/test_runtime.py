@@ -197,10 +197,10 @@ async def test_int8_answers_do_not_depend_on_concurrent_requests(models_dir) -> 
     await runtime.start()
     try:
         deadline = time.monotonic() + 60
-        alone_vec, _ = await runtime._queries.submit([query], deadline)
+        alone_vec, _ = await runtime._embedding.queries.submit([query], deadline)
         (alone_logit,), _ = await runtime.rerank(query, [passage], deadline)
-        together = await asyncio.gather(runtime._queries.submit([other], deadline),
-                                        runtime._queries.submit([query], deadline),
+        together = await asyncio.gather(runtime._embedding.queries.submit([other], deadline),
+                                        runtime._embedding.queries.submit([query], deadline),
                                         runtime.rerank(other, [other * 3, passage], deadline),
                                         runtime.rerank(query, [passage], deadline))
         assert together[1][1].batch_size > 1 or together[3][1].batch_size > 1, "nothing was merged"
