@@ -12,10 +12,9 @@ import numpy as np
 import numpy.typing as npt
 
 from service.models.base import CrossEncoderBackend, EmbeddingBackend, Encoded, FloatArray, ModelInfo, TextKind, pad_rows
+from service.script import HAN, HAN_CHARS
 
-_CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
-_HAN = re.compile(f"[{_CJK}]")
-_TERM = re.compile(f"[{_CJK}]|[^\\W_{_CJK}]+")
+_TERM = re.compile(f"[{HAN_CHARS}]|[^\\W_{HAN_CHARS}]+")
 _PAD = 0
 _SEP = 1
 
@@ -49,7 +48,7 @@ class HashEmbedder(EmbeddingBackend):
             if len(w) > 2:
                 padded = f"#{w}#"
                 feats += [padded[i : i + 3] for i in range(len(padded) - 2)]
-        feats += [a + b for a, b in zip(words, words[1:]) if _HAN.fullmatch(a) and _HAN.fullmatch(b)]
+        feats += [a + b for a, b in zip(words, words[1:]) if HAN.fullmatch(a) and HAN.fullmatch(b)]
         return feats[: self.info.max_length]
 
     def tokenize(self, texts: list[str], kind: TextKind) -> Encoded:

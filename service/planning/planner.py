@@ -17,9 +17,9 @@ from service.errors import FieldViolation, InvalidArgument
 from service.planning.classifier import NOT_PLANNABLE, PLANNABLE, Intent, classify
 from service.planning.plan import RetrievalPlan
 from service.planning.rules import FIELD_KINDS, Adjustment, Layer, PlanRules
+from service.script import HAN, HAN_CHARS
 
-_HAN = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
-_WORD = re.compile(r"[^\W\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
+_WORD = re.compile(rf"[^\W{HAN_CHARS}]+")
 # A follow-up's own connective and closing particle, dropped before it is joined to the
 # question it follows ("那审批呢" after "报销流程是什么" -> "报销流程是什么 审批").
 _LEADING = re.compile(r"^\s*(那么|那|还有|另外|然后|and\s+what\s+about|what\s+about|how\s+about|and|also|then|so)[\s,，]*",
@@ -49,7 +49,7 @@ class BuiltPlan:
 
 def query_units(query: str) -> tuple[int, bool]:
     """(length, has Han characters): Han characters plus non-Han words."""
-    han = len(_HAN.findall(query))
+    han = len(HAN.findall(query))
     return han + len(_WORD.findall(query)), han > 0
 
 

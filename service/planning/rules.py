@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from service.script import has_han
+
 DEFAULT_RULES_PATH = Path(__file__).with_name("default_rules.toml")
 
 # Plan fields a layer may adjust, and their kind. "score" fields live in [0, 1].
@@ -68,7 +70,7 @@ class KeywordMatcher:
         parts = []
         for k in keywords:
             body = r"\s+".join(re.escape(w) for w in k.lower().split())
-            parts.append(body if _HAN.search(k) else rf"(?<![\w']){body}(?![\w'])")
+            parts.append(body if has_han(k) else rf"(?<![\w']){body}(?![\w'])")
         return cls(keywords, re.compile("|".join(parts)) if parts else None)
 
     def matches(self, text: str) -> list[str]:
@@ -125,9 +127,6 @@ class PlanRules:
     table: Category
     classifier: ClassifierRules
     source: str  # where the rules came from, for messages
-
-
-_HAN = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 
 
 class _Reader:

@@ -12,6 +12,7 @@ import pytest
 
 from service.eval.calibration import ece, fit, fit_logistic, main
 from service.pipeline.quality import HYBRID_FEATURES, parse_calibration
+from service.script import has_han
 
 
 def test_fit_logistic_recovers_coefficients() -> None:
@@ -129,7 +130,7 @@ def _with_legs(path: Path, legs: list[str], max_fused: float) -> None:
     Latin-script leg record); Han-script lists keep BM25 and kNN, as served."""
     data = json.loads(path.read_text())
     for record in data.values():
-        if not any("\u4e00" <= ch <= "\u9fff" for ch in record["query"]):
+        if not has_han(record["query"]):
             record["legs_ok"], record["max_fused"] = legs, max_fused
         else:
             record["legs_ok"] = ["BM25", "KNN"]
