@@ -193,7 +193,7 @@ class OpenSearchEngine(Engine):
                         f"{want}: reindex with the new model first"
                     )
             added = await self._add_fields(mappings, "rerank_states", mapping.STATES_PROPERTIES, timeout)
-            latin = mapping.latin_vector_properties(self.latin_dimension or self.dimension)
+            latin = mapping.latin_vector_properties(self.dimension_of(VectorField.LATIN))
             added |= await self._add_fields(mappings, VectorField.LATIN.value, latin, timeout)
             if added:  # and to the template, so a reindex's next generation has them too
                 await self._request(
@@ -201,6 +201,13 @@ class OpenSearchEngine(Engine):
                                                             body=self._template(), request_timeout=timeout),
                     "put template", timeout)
             self._index_ok = True
+
+    def dimension_of(self, field: VectorField) -> int:
+        """The dimension ``field`` is mapped at (the Latin-script field: at the primary's
+        where no Latin-script embedder is served)."""
+        if field is VectorField.LATIN and self.latin_dimension is not None:
+            return self.latin_dimension
+        return self.dimension
 
     def _template(self) -> JSON:
         return mapping.index_template(self.prefix, self.dimension, self.shards, self.replicas, self.latin_dimension)
@@ -303,7 +310,7 @@ class OpenSearchEngine(Engine):
                 problem = "duplicate chunk_id in batch"
             else:
                 problem = mapping.vector_problem(c.vector, self.dimension) or mapping.vector_problem(
-                    c.latin_vector, self.latin_dimension or self.dimension)
+                    c.latin_vector, self.dimension_of(VectorField.LATIN))
             seen.add(c.chunk_id)
             if problem:
                 errors.append(WriteError(chunk_id=c.chunk_id, message=problem))
@@ -528,7 +535,7 @@ class OpenSearchEngine(Engine):
         field: VectorField = VectorField.PRIMARY,
     ) -> SearchResponse:
         query = np.asarray(vector, dtype=np.float32)
-        dimension = self.dimension if field is VectorField.PRIMARY else (self.latin_dimension or self.dimension)
+        dimension = self.dimension_of(field)
         if query.shape != (dimension,):
             raise ValueError(f"query vector shape {query.shape}, index has {dimension} ({field.value})")
         if k <= 0:
