@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from service.domain import LegKind
 from service.eval.item_dump import column
 from service.pipeline.fusion import is_cjk
 from service.pipeline.quality import (
@@ -39,6 +40,7 @@ from service.pipeline.quality import (
     LEG_SETS,
     Logistic,
     features_for,
+    leg_set,
     signals,
 )
 
@@ -50,9 +52,10 @@ Row = tuple[dict[str, float], bool, int]
 
 
 def record_legs(record: dict[str, Any]) -> str:
-    """The leg set of a dumped list: "all" when the Latin-script leg answered beside BM25 and
-    kNN, else "both" (dumps before the leg recorded no ``legs_ok``)."""
-    return "all" if {"BM25", "KNN", "KNN_LATIN"} <= set(record.get("legs_ok", ())) else "both"
+    """The leg set of a dumped list (``quality.leg_set`` of the legs that answered; "both" for
+    dumps from before the Latin-script leg, which recorded no ``legs_ok``)."""
+    legs_ok = record.get("legs_ok")
+    return leg_set(LegKind(name) for name in legs_ok) if legs_ok else "both"
 
 
 def _rows_of(record: dict[str, Any], kind: str, legs: str, top: int) -> list[Row]:

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 
 from service.config import Config
 from service.domain import (
-    SEARCH_LEGS,
     GapKind,
     LegKind,
     LegReport,
@@ -62,7 +61,7 @@ from service.pipeline.legs import LegRun as _LegRun
 from service.pipeline.plan_execution import faq_direct_answer, rerank_query, search_planned
 from service.pipeline.rerank import RerankStage
 from service.pipeline.postprocess import Deduped, admissible, apply_context_budget
-from service.pipeline.quality import QualityModel
+from service.pipeline.quality import QualityModel, leg_set
 from service.pipeline.recording import entry_for, new_attempt_id, reserve
 from service.pipeline.relevance import relevance_level
 from service.pipeline.request import AttemptRequest, Principal
@@ -159,10 +158,10 @@ class AttemptRunner:
                               "RERANK": runtime.reranker.info.model_id if runtime.reranker else ""}
         # The legs an attempt runs unless the request names some: the Latin-script dense leg
         # too when its embedder is served (it skips queries with Han characters itself).
-        self.latin = runtime.latin_embedder is not None
-        if self.latin:
-            assert runtime.latin_embedder is not None
-            self.tracer.models["KNN_LATIN"] = runtime.latin_embedder.info.model_id
+        latin = runtime.latin_embedder
+        self.latin = latin is not None
+        if latin is not None:
+            self.tracer.models["KNN_LATIN"] = latin.info.model_id
         self.default_legs = (LegKind.BM25, LegKind.KNN) + ((LegKind.KNN_LATIN,) if self.latin else ())
         self.quality = quality or QualityModel()
         self.engine = engine
@@ -448,19 +447,12 @@ class AttemptRunner:
 
     @staticmethod
     def _answered(runs: list[_LegRun], fusion: FusionParams) -> tuple[str, float]:
-        """Which legs answered (finished OK): "both" (BM25 and kNN), "all" (and the Latin-script
-        leg), "bm25" or "knn" (alone), else the kinds joined ("bm25+knn_latin": a set no
-        calibration is fitted for), and the best fused score they could give. Quality
-        calibrations are fitted per leg set."""
+        """Which legs answered (finished OK), as a leg set (``quality.leg_set``: quality
+        calibrations are fitted per leg set), and the best fused score they could give."""
         ok = [r.report.kind for r in runs if r.report.status is LegStatus.OK]
         if not ok:  # partial hits from legs that did not finish: judge them as planned
             ok = [r.report.kind for r in runs if r.report.status is not LegStatus.SKIPPED]
-        weights = [leg_weight(k, fusion) for k in ok]
-        kinds = frozenset(ok)
-        named = {frozenset((LegKind.BM25, LegKind.KNN)): "both", frozenset(SEARCH_LEGS): "all",
-                 frozenset((LegKind.BM25,)): "bm25", frozenset((LegKind.KNN,)): "knn"}
-        key = named.get(kinds) or ("+".join(sorted(k.value.lower() for k in kinds)) or "knn")
-        return key, max_rrf_score(weights, fusion.rrf_k)
+        return leg_set(ok), max_rrf_score([leg_weight(k, fusion) for k in ok], fusion.rrf_k)
 
     def _weak(self, candidates: list[Candidate], runs: list[_LegRun], fusion: FusionParams, query: str) -> bool:
         if not candidates:

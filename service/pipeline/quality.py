@@ -28,12 +28,12 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from service.domain import QualitySource
+from service.domain import SEARCH_LEGS, LegKind, QualitySource
 from service.pipeline.fusion import Candidate
 from service.pipeline.relevance import assign_quality, sigmoid
 
@@ -53,8 +53,10 @@ def features_for(kind: str, legs: str) -> tuple[str, ...]:
     """The features a calibration of ``kind`` fits for the leg set ``legs``."""
     base = RERANK_FEATURES if kind == "rerank" else HYBRID_FEATURES
     return (*base, *LATIN_FEATURES) if legs == "all" else base
+
+
 LANGUAGES = ("en", "cjk")  # cjk: queries with Han characters (same split as fusion_for)
-# Which legs the list came from: both (BM25 and a dense leg), or one kind (requested alone,
+# Which legs the list came from: both (BM25 and kNN), or one kind (requested alone,
 # or the other failed). A single-leg list has other signals (no agreement, fused score =
 # that leg's rank, no cosine), so each calibration has one model per leg set. A list from the
 # Latin-script leg alone (or with one other leg) has none: its quality stays uncalibrated.
@@ -62,6 +64,15 @@ LANGUAGES = ("en", "cjk")  # cjk: queries with Han characters (same split as fus
 # is served): judged by an "all" model where a calibration has one (`calibration fit
 # --leg-sets all`), else through the two-leg view (``TwoLegView``), as the shipped ones are.
 LEG_SETS = ("both", "bm25", "knn", "all")
+_NAMED_LEG_SETS = {frozenset((LegKind.BM25, LegKind.KNN)): "both", frozenset(SEARCH_LEGS): "all",
+                   frozenset((LegKind.BM25,)): "bm25", frozenset((LegKind.KNN,)): "knn"}
+
+
+def leg_set(kinds: Iterable[LegKind]) -> str:
+    """The leg set of a list the ``kinds`` answered: a ``LEG_SETS`` name, else the kinds
+    joined ("bm25+knn_latin": a set no calibration is fitted for; "knn" for none)."""
+    found = frozenset(kinds)
+    return _NAMED_LEG_SETS.get(found) or "+".join(sorted(k.value.lower() for k in found)) or "knn"
 
 
 def signals(*, dense_score: float | None, bm25_score: float | None, fused_score: float, max_fused: float,
