@@ -178,7 +178,7 @@ async def _start(settings: EvalSettings, model: str, judged: Judged) -> _Live:
         return _Live(settings.target, channel, retrieval_pb2_grpc.RetrievalServiceStub(channel),
                      corpus_pb2_grpc.CorpusServiceStub(channel), model_ids=[f"server at {settings.target}"])
 
-    from service.app import DUMMY_EMBEDDER, App, _model_dir, resolve_latin_model
+    from service.app import DUMMY_EMBEDDER, App, _model_dir, load_latin_embedder, resolve_latin_model
     from service.config import Config, load_config
     from service.eval.embedding_cache import CachedEmbedder
     from service.models.dummy import HashEmbedder
@@ -217,13 +217,11 @@ async def _start(settings: EvalSettings, model: str, judged: Judged) -> _Live:
     texts = passage_texts(judged, cfg)
     await _warm(settings, embedder, texts, f"{model}", len(judged.corpus), cfg.model_workers)
     latin = None
-    if cfg.latin_embedding_model:  # the Latin-script dense leg: its vectors for chunks without Han
+    latin_model = load_latin_embedder(cfg)
+    if latin_model is not None:  # the Latin-script dense leg: its vectors for chunks without Han
         from service.script import has_han
 
-        latin_path = _model_dir(cfg, cfg.latin_embedding_model)
-        if not (latin_path / "model.onnx").exists():
-            raise FileNotFoundError(f"Latin-script embedding model not found at {latin_path}")
-        latin = CachedEmbedder(load_embedder(latin_path, threads=cfg.model_threads))
+        latin = CachedEmbedder(latin_model)
         await _warm(settings, latin, [t for t in texts if not has_han(t)], cfg.latin_embedding_model,
                     len(judged.corpus), cfg.model_workers)
     app = App.build(cfg, embedder=embedder, latin_embedder=latin)
@@ -363,14 +361,11 @@ def _fusion(live: _Live, query: str) -> dict[str, float]:
     every leg the server runs for it by default (what the quality calibration normalises by:
     BM25 and kNN, and the Latin-script leg where it runs for this query)."""
     from service.config import load_config
-    from service.pipeline.fusion import fusion_for, is_cjk, max_rrf_score
+    from service.pipeline.fusion import fusion_for, max_rrf_score
 
     cfg = live.app.cfg if live.app is not None else load_config(None)
-    f = fusion_for(query, cfg)
-    weights = [f.bm25_weight, f.knn_weight]
-    if cfg.latin_embedding_model and not is_cjk(query):
-        weights.append(f.latin_knn_weight)
-    return {"max_fused": max_rrf_score(weights, f.rrf_k), "rrf_k": f.rrf_k}
+    f = fusion_for(query, cfg)  # latin_knn_weight is 0 where the Latin-script leg does not run
+    return {"max_fused": max_rrf_score([f.bm25_weight, f.knn_weight, f.latin_knn_weight], f.rrf_k), "rrf_k": f.rrf_k}
 
 
 async def _run_mode(settings: EvalSettings, live: _Live, judged: Judged, model: str, mode: str
