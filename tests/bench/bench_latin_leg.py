@@ -19,7 +19,6 @@ import dataclasses
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -31,7 +30,7 @@ from service.api.server import Server  # noqa: E402
 from service.app import DEFAULT_LATIN_EMBEDDER, App  # noqa: E402
 from service.config import Config  # noqa: E402
 from service.eval.metrics import percentile  # noqa: E402
-from tests.bench.bench_rerank_states import corpus  # noqa: E402
+from tests.bench.bench_rerank_states import corpus, timed_ingest  # noqa: E402
 
 
 @dataclasses.dataclass
@@ -53,13 +52,7 @@ async def serve(latin: str, docs: list[corpus_pb2.Document], queries: dict[str, 
             corpus_stub = corpus_pb2_grpc.CorpusServiceStub(ch)
             retrieval = retrieval_pb2_grpc.RetrievalServiceStub(ch)
 
-            async def stream() -> AsyncIterator[corpus_pb2.IngestRequest]:
-                for d in docs:
-                    yield corpus_pb2.IngestRequest(document=d)
-
-            t0 = time.perf_counter()
-            summary = await corpus_stub.Ingest(stream())
-            run.ingest_s, run.chunks = time.perf_counter() - t0, summary.chunks_indexed
+            run.ingest_s, run.chunks = await timed_ingest(corpus_stub, docs)
 
             async def timed(lang: str, rerank: int, suffix: str) -> list[float]:
                 out = []
