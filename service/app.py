@@ -21,6 +21,7 @@ from service.models.runtime import ModelRuntime
 from service.observability.metrics import ServiceMetrics
 from service.observability.tracing import Tracer
 from service.pipeline.attempt import AttemptRunner
+from service.pipeline.fusion import FusionParams
 from service.pipeline.head_order import HeadOrder, order_sha256, read_order
 from service.pipeline.quality import QualityModel, TwoLegView, load_calibration
 from service.planning.rules import PlanRules, load_rules
@@ -197,7 +198,7 @@ def load_quality_model(cfg: Config, embedder: EmbeddingBackend, choice: Reranker
         rerank = load_calibration(choice.model_dir, "rerank", choice.backend.info.sha256)
     # Lists the Latin-script leg answered in are judged as the two-leg calibration sees their
     # items (README "The Latin-script dense leg"): BM25 and kNN ranks with the two-leg fusion.
-    two_leg = TwoLegView(cfg.rrf_k, cfg.bm25_weight, cfg.knn_weight) if cfg.latin_embedding_model else None
+    two_leg = TwoLegView(FusionParams(cfg.rrf_k, cfg.bm25_weight, cfg.knn_weight)) if cfg.latin_embedding_model else None
     return QualityModel(hybrid, rerank, two_leg)
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from service.domain import SEARCH_LEGS, LegKind, QualitySource
-from service.pipeline.fusion import Candidate
+from service.pipeline.fusion import Candidate, FusionParams, max_rrf_score
 from service.pipeline.relevance import assign_quality, sigmoid
 
 log = logging.getLogger(__name__)
@@ -197,17 +197,16 @@ class TwoLegView:
     calibration ("both") sees it, from what BM25 and kNN say of it (its ranks in their lists,
     fused with the two-leg settings), whatever the Latin-script leg added to its rank."""
 
-    rrf_k: int
-    bm25_weight: float
-    knn_weight: float
+    fusion: FusionParams  # the two-leg fusion (rrf_k, bm25_weight, knn_weight)
 
     def fused(self, c: Candidate) -> float:
-        return sum(w / (self.rrf_k + r) for w, r in ((self.bm25_weight, c.bm25_rank), (self.knn_weight, c.knn_rank))
+        f = self.fusion
+        return sum(w / (f.rrf_k + r) for w, r in ((f.bm25_weight, c.bm25_rank), (f.knn_weight, c.knn_rank))
                    if r is not None)
 
     @property
     def best(self) -> float:
-        return (self.bm25_weight + self.knn_weight) / (self.rrf_k + 1)
+        return max_rrf_score([self.fusion.bm25_weight, self.fusion.knn_weight], self.fusion.rrf_k)
 
 
 @dataclass(frozen=True)

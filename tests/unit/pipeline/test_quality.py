@@ -220,9 +220,10 @@ def test_the_two_leg_view_judges_a_three_leg_list_as_the_two_legs_see_it() -> No
     # Where the Latin-script leg is served and a calibration has no "all" model (the shipped
     # ones), an item of a three-leg list is judged by the two-leg model on what BM25 and kNN
     # say of it: their ranks fused with the two-leg settings, on the two-leg scale.
+    from service.pipeline.fusion import FusionParams
     from service.pipeline.quality import TwoLegView
 
-    view = TwoLegView(rrf_k=10, bm25_weight=0.3, knn_weight=1.0)
+    view = TwoLegView(FusionParams(rrf_k=10, bm25_weight=0.3, knn_weight=1.0))
     doc = {**_doc("hybrid", "h"), "gate": {"both/en": 0.07}}
     model = QualityModel(hybrid=parse_calibration(doc, "hybrid"), rerank=parse_calibration(_doc("rerank", "r"), "rerank"),
                          two_leg=view)
