@@ -14,20 +14,21 @@ from service.threads import thread_nice
 from tests.support.harness import StartServer, result_of
 
 
-def _nices_by_pool(before: set[int]) -> dict[str, set[int]]:
+def _nices_by_pool(before: set[threading.Thread]) -> dict[str, set[int]]:
     """The nice value of each live thread not in ``before`` (other tests' servers, such as the
-    session's shared demo server, have pools of the same names), grouped by its pool's name
+    session's shared demo server, have pools of the same names; compared as Thread objects:
+    an ident is reused once its thread has exited), grouped by its pool's name
     (``model_0`` -> ``model``); the loop's thread as ``MainThread``."""
     out: dict[str, set[int]] = {"MainThread": {thread_nice(threading.get_native_id())}}
     for t in threading.enumerate():
-        if t.native_id is None or t.ident in before:
+        if t.native_id is None or t in before:
             continue
         pool = t.name.rsplit("_", 1)[0] if t.name[-1:].isdigit() else t.name
         out.setdefault(pool, set()).add(thread_nice(t.native_id))
     return out
 
 
-async def _pools_started(before: set[int], pools: tuple[str, ...], timeout: float = 5.0) -> dict[str, set[int]]:
+async def _pools_started(before: set[threading.Thread], pools: tuple[str, ...], timeout: float = 5.0) -> dict[str, set[int]]:
     """``_nices_by_pool`` once every named pool has a thread: the ledger records an attempt
     off the caller's path, so its worker may start just after the result reached us."""
     deadline = time.monotonic() + timeout
@@ -40,7 +41,7 @@ async def _pools_started(before: set[int], pools: tuple[str, ...], timeout: floa
 
 async def test_query_workers_run_below_the_event_loop_and_ingest_below_them(start_server: StartServer) -> None:
     loop_nice = thread_nice(threading.get_native_id())
-    before = {t.ident for t in threading.enumerate() if t.ident is not None}
+    before = set(threading.enumerate())
     live = await start_server(worker_nice=4, ingest_nice=9, demo=False)
     doc = corpus_pb2.Document(source_id="prio", version="v1", title="Priorities", text="renewal of a home policy",
                               collection=types_pb2.COLLECTION_DOC, status=types_pb2.SOURCE_STATUS_APPROVED)
@@ -58,7 +59,7 @@ async def test_query_workers_run_below_the_event_loop_and_ingest_below_them(star
 
 async def test_zero_worker_nice_leaves_query_workers_at_the_loops_priority(start_server: StartServer) -> None:
     loop_nice = thread_nice(threading.get_native_id())
-    before = {t.ident for t in threading.enumerate() if t.ident is not None}
+    before = set(threading.enumerate())
     live = await start_server(worker_nice=0, demo=False)
     result = result_of(await live.retrieve(query="anything at all", top_k=3))
     assert result.outcome == types_pb2.ATTEMPT_OUTCOME_EMPTY
