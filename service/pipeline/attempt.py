@@ -389,22 +389,23 @@ class AttemptRunner:
         # 5. Quality, gate, relevance, budget.
         legs_key, answered_max = self._answered(runs, fusion)
         cjk = is_cjk(req.query)
-        sources, gated, first_stage = self.quality.judge(
+        judgement = self.quality.judge(
             ranked, deduped.more, reranked=reranked, max_fused=max_fused, cjk=cjk, legs=legs_key,
             answered_max_fused=answered_max, min_quality=req.min_quality or cfg.min_quality, top_k=top_k)
+        gated = judgement.gated
+        # The list's quality is its judged item's: the top, or where the two-leg view judges
+        # a three-leg list, the item BM25 and kNN rank best (QualityModel.judged_index).
+        judged = ranked[judgement.judged]
+        result.top_quality = judged.quality
+        top_source = result.quality_source = judgement.sources[judgement.judged]
         if not gated:
             if failed:
                 infra_failure("legs_failed_none_passed_gate")
             else:
                 result.outcome, result.stopping_reason = Outcome.INSUFFICIENT, "below_quality_gate"
-            result.top_quality = ranked[0].quality
-            result.quality_source = sources[0]
             return
-        top = gated[0]
-        result.top_quality = top.quality
-        top_source = result.quality_source = sources[ranked.index(top)]
         reference = self.quality.reference_threshold(top_source, cjk, legs_key, cfg.reference_threshold)
-        result.relevance_level = relevance_level(top.quality, cfg.precise_threshold, reference)
+        result.relevance_level = relevance_level(judged.quality, cfg.precise_threshold, reference)
         budget = req.max_context_chars or cfg.max_context_chars
         if req.plan is not None:  # the FAQ direct answer goes first, then the plan's budget
             direct = faq_direct_answer(gated, req.plan.faq_direct_threshold, req.plan.faq_direct_exact_only, req.query)

@@ -31,7 +31,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from service.domain import SEARCH_LEGS, LegKind, QualitySource
 from service.pipeline.fusion import Candidate, FusionParams, max_rrf_score
@@ -273,15 +273,36 @@ class QualityModel:
         view = self._view(self.hybrid, cjk, legs)
         if self.hybrid is None or not ranked or not self.hybrid.covers(cjk, view):
             return None
-        two_leg = self.two_leg if view != legs else None
-        c = max(ranked, key=lambda cand: two_leg.fused(cand) if two_leg is not None else cand.fused_score)
+        c = ranked[self._first_stage_top(ranked, view, legs)]
         return self.hybrid.probability(self._signals(c, view, legs, scale), cjk, view)
+
+    def _first_stage_top(self, ranked: Sequence[Candidate], view: str, legs: str) -> int:
+        """Where in ``ranked`` the first stage's best item is: the fused top, or through the
+        two-leg view the item BM25 and kNN rank best (the first of equals)."""
+        if view == legs or self.two_leg is None or not ranked:
+            return max(range(len(ranked)), key=lambda i: ranked[i].fused_score) if ranked else 0
+        two_leg = self.two_leg
+        return max(range(len(ranked)), key=lambda i: two_leg.fused(ranked[i]))
+
+    def judged_index(self, ranked: Sequence[Candidate], sources: Sequence[QualitySource], cjk: bool,
+                     legs: str = "both") -> int:
+        """Which item of ``ranked`` the "nothing here" gate and the relevance level read: the
+        top, except for a three-leg list judged through the two-leg view without rerank,
+        where it is the item BM25 and kNN rank best. The two-leg gate was fitted on the
+        two-leg top; the three-leg top may be an item the two legs rank lower, so judging it
+        would refuse questions two legs answer. Judged this way, a list without rerank has
+        an answer exactly when the two legs' best item says so, whatever the Latin-script
+        leg added (README "The Latin-script dense leg")."""
+        if not ranked or sources[0] is not QualitySource.HYBRID_CALIBRATED:
+            return 0
+        view = self._view(self.hybrid, cjk, legs)
+        return 0 if view == legs else self._first_stage_top(ranked, view, legs)
 
     def gate(self, ranked: Sequence[Candidate], sources: Sequence[QualitySource], min_quality: float, *,
              cjk: bool, legs: str = "both", first_stage: float | None = None) -> list[Candidate]:
         """What passes the quality gate. A ``min_quality`` (the request's or the server's)
         filters items. Without one, the calibrations' "nothing here" gate judges the list by
-        its top item (the gate was fitted on top-1 items: it decides whether the corpus has
+        its top item (``judged_index``; the gate was fitted on top-1 items: it decides whether the corpus has
         an answer, not which of the items below the top an agent may read): all of it when
         the top reaches its calibration's gate, else nothing.
 
@@ -293,7 +314,8 @@ class QualityModel:
         BM25 evidence says the corpus has nothing on them (README "Relevance and quality")."""
         if min_quality > 0:
             return [c for c in ranked if c.quality >= min_quality]
-        if ranked and self.passes_default_gate(ranked[0].quality, sources[0], cjk, legs, first_stage):
+        j = self.judged_index(ranked, sources, cjk, legs)
+        if ranked and self.passes_default_gate(ranked[j].quality, sources[j], cjk, legs, first_stage):
             return list(ranked)
         return []
 
@@ -320,12 +342,11 @@ class QualityModel:
 
     def judge(self, ranked: list[Candidate], more: Callable[[int], list[Candidate]], *, reranked: bool,
               max_fused: float, cjk: bool, legs: str, answered_max_fused: float, min_quality: float,
-              top_k: int) -> tuple[list[QualitySource], list[Candidate], float | None]:
+              top_k: int) -> Judgement:
         """Quality for ``ranked`` (a prefix of the deduped list, in final order), the first
-        stage's quality (reranked lists) and what passes the gate. A ``min_quality`` gate
-        filters items, so while fewer than ``top_k`` pass, ``more(n)`` reads on (it appends
-        to ``ranked`` and returns the new items; [] at the end). Returns the sources (one
-        per item of ``ranked``), the gated items and the first-stage quality."""
+        stage's quality (reranked lists), what passes the gate and which item speaks for the
+        list. A ``min_quality`` gate filters items, so while fewer than ``top_k`` pass,
+        ``more(n)`` reads on (it appends to ``ranked`` and returns the new items; [] at the end)."""
         def assign(items: Sequence[Candidate]) -> list[QualitySource]:
             return self.assign_all(items, reranked=reranked, max_fused=max_fused, cjk=cjk, legs=legs,
                                    answered_max_fused=answered_max_fused)
@@ -341,4 +362,17 @@ class QualityModel:
             extra_sources = assign(extra)
             sources.extend(extra_sources)
             gated.extend(self.gate(extra, extra_sources, min_quality, cjk=cjk, legs=legs))  # the same item filter
-        return sources, gated, first_stage
+        judged = (ranked.index(gated[0]) if min_quality > 0 and gated
+                  else self.judged_index(ranked, sources, cjk, legs))
+        return Judgement(sources, gated, first_stage, judged)
+
+
+class Judgement(NamedTuple):
+    """What ``QualityModel.judge`` decided of a list."""
+
+    sources: list[QualitySource]  # one per item of the list read
+    gated: list[Candidate]  # what passes the gate, in list order
+    first_stage: float | None  # the first stage's quality of a reranked list, else None
+    # The index of the item whose quality is the list's (``top_quality``, the relevance
+    # level): the first that passes a min_quality, else ``QualityModel.judged_index``.
+    judged: int

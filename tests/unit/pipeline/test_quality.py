@@ -142,18 +142,19 @@ def test_judge_reads_on_until_top_k_items_pass_a_min_quality() -> None:
         return extra
 
     kw = dict(reranked=False, max_fused=0.1, cjk=False, legs="both", answered_max_fused=0.1)
-    sources, gated, first = model.judge(ranked, more, min_quality=0.5, top_k=4, **kw)  # type: ignore[arg-type]
+    sources, gated, first, judged = model.judge(ranked, more, min_quality=0.5, top_k=4, **kw)  # type: ignore[arg-type]
     assert first is None and len(sources) == len(ranked)
+    assert ranked[judged] is gated[0]  # under a min_quality, the first item that passes speaks for the list
     assert gated == [c for c in ranked if c.quality >= 0.5] and len(gated) == 4
     assert ranked == pool[: len(ranked)] and len(ranked) < len(pool)  # read on, but not to the end
     assert all(c.quality >= 0.5 for c in gated) and asked[0] == 2  # 2 of 3 passed: asked for the 2 missing
     # Without a min_quality, the top decides and nothing more is read.
     ranked2, asked2 = pool[:3], []
-    _, gated2, _ = model.judge(ranked2, lambda n: asked2.append(n) or [], min_quality=0.0, top_k=4, **kw)  # type: ignore[arg-type, func-returns-value]
+    _, gated2, _, _ = model.judge(ranked2, lambda n: asked2.append(n) or [], min_quality=0.0, top_k=4, **kw)  # type: ignore[arg-type, func-returns-value]
     assert gated2 == pool[:3] and asked2 == []
     # The list runs out before top_k pass: everything that passes, no more asking.
     ranked3 = [pool[1], pool[3]]
-    _, gated3, _ = model.judge(ranked3, lambda n: [], min_quality=0.5, top_k=4, **kw)  # type: ignore[arg-type]
+    _, gated3, _, _ = model.judge(ranked3, lambda n: [], min_quality=0.5, top_k=4, **kw)  # type: ignore[arg-type]
     assert gated3 == []
 
 
@@ -242,6 +243,24 @@ def test_the_two_leg_view_judges_a_three_leg_list_as_the_two_legs_see_it() -> No
     only_latin.latin_rank = 1
     assert model.first_stage_quality([only_latin, c], max_fused=0.5, cjk=False, legs="all") == pytest.approx(
         model.hybrid.probability(x, False, "both"))  # type: ignore[union-attr]
+    # So do the gate and the list's quality without rerank: the three-leg top (found by the
+    # Latin-script leg alone) does not speak for the list, the two legs' best item does.
+    ranked = [only_latin, c]
+    sources = model.assign_all(ranked, reranked=False, max_fused=0.5, cjk=False, legs="all")
+    assert model.judged_index(ranked, sources, cjk=False, legs="all") == 1
+    passing = ranked[1].quality >= 0.07
+    assert model.gate(ranked, sources, 0.0, cjk=False, legs="all") == (ranked if passing else [])
+    judgement = model.judge(list(ranked), lambda n: [], reranked=False, max_fused=0.5, cjk=False, legs="all",
+                            answered_max_fused=0.5, min_quality=0.0, top_k=2)
+    assert judgement.judged == 1 and judgement.first_stage is None
+    # Reranked, the reranker's top speaks for the list (the first stage's judge is separate).
+    only_latin.rerank_score = 2.0
+    sources = model.assign_all(ranked, reranked=True, max_fused=0.5, cjk=False, legs="all")
+    assert model.judged_index(ranked, sources, cjk=False, legs="all") == 0
+    # A two-leg list is judged by its top, whatever the fused scores say.
+    two = [_candidate(distance=1.0, bm25=1.0, fused=0.1), c]
+    two_sources = model.assign_all(two, reranked=False, max_fused=0.5, cjk=False, legs="both")
+    assert model.judged_index(two, two_sources, cjk=False, legs="both") == 0
     # An "all" model, where a calibration has one, judges instead.
     fitted = {**doc, "models": {**doc["models"], "all/en": _logistic(HYBRID_FEATURES, 6.0)}}  # type: ignore[dict-item]
     own = QualityModel(hybrid=parse_calibration(fitted, "hybrid"), two_leg=view)
