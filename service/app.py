@@ -3,15 +3,19 @@ from a Config. The transport (service.api) wraps an App; tests use it directly t
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from service.config import Config
 from service.engines.base import Engine
+from service.ingest.backfill import BackfillProgress, LatinBackfill
 from service.ingest.ingestor import Ingestor
 from service.ledger.base import Ledger
 from service.ledger.operations import LedgerOperations
@@ -244,6 +248,9 @@ def build_ledger(cfg: Config) -> Ledger:
     return SqliteLedger(path, timeout_s=cfg.ledger_timeout_s, nice=cfg.worker_nice)
 
 
+_BACKFILL_AT_START_S = 2.0
+
+
 @dataclass
 class App:
     cfg: Config
@@ -257,6 +264,7 @@ class App:
     plan_rules: PlanRules
     metrics: ServiceMetrics
     tracer: Tracer
+    latin_backfill: asyncio.Task[BackfillProgress] | None = None
 
     @classmethod
     def build(
@@ -265,10 +273,15 @@ class App:
         latin_embedder: EmbeddingBackend | None = None,
     ) -> App:
         plan_rules = load_rules(cfg.plan_rules_file or None)  # first: a bad rules file stops start-up
+        given_embedder = embedder is not None
         embedder = embedder or load_embedding_backend(cfg)
         if latin_embedder is not None:  # given (tests, the eval's cached one): the leg runs with it
             if cfg.latin_embedding_model in ("", "auto"):
                 cfg = dataclasses.replace(cfg, latin_embedding_model=latin_embedder.info.model_id)
+        elif given_embedder and cfg.latin_embedding_model == "auto":
+            # "auto" pairs the shipped Latin-script model with the embedder the config loads; a
+            # caller that brings its own embedder (tests, benches) brings its Latin-script one.
+            cfg = dataclasses.replace(cfg, latin_embedding_model="")
         else:
             cfg = dataclasses.replace(cfg, latin_embedding_model=resolve_latin_model(cfg))
             latin_embedder = load_latin_embedder(cfg)
@@ -303,9 +316,37 @@ class App:
         self.ledger_ops.start_retention(self.cfg.ledger_retention_days, self.cfg.ledger_retention_interval_s)
         await self.engine.start()
         await self.runtime.start()
+        if self.runtime.latin_embedder is not None:
+            await self._start_latin_backfill()
         log.info("app started: engine=%s models=%s", self.engine.name, self.runner.model_ids)
 
+    async def _start_latin_backfill(self) -> None:
+        """Catch the store up on Latin-script vectors (``ingest/backfill.py``): pages with
+        nothing to embed (Han chunks) now, for up to ``_BACKFILL_AT_START_S``, so a fresh or
+        caught-up store serves the leg from the first query; the rest in the background, the
+        leg SKIPPED (with the progress as its reason) until it is done."""
+        def show(progress: BackfillProgress) -> None:
+            self.runner.latin_pending = "" if progress.done else progress.reason()
+
+        backfill = LatinBackfill(self.engine, self.runtime, on_change=show)
+        show(backfill.progress)
+        until = time.monotonic() + _BACKFILL_AT_START_S
+        try:
+            while not await backfill.step():
+                if backfill.last_embedded or time.monotonic() > until:
+                    break
+            else:
+                return
+        except Exception as exc:  # noqa: BLE001 (the engine may be down at start: the task retries)
+            log.warning("Latin-script backfill: %s; retrying in the background", exc)
+        log.info("Latin-script leg skipped until the store is caught up (%s)", backfill.progress.reason())
+        self.latin_backfill = asyncio.get_running_loop().create_task(backfill.run())
+
     async def close(self) -> None:
+        if self.latin_backfill is not None:
+            self.latin_backfill.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.latin_backfill
         await self.runner.rerank.states_write_back.drain()
         await self.runtime.close()
         await self.engine.close()

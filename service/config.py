@@ -33,11 +33,11 @@ class Config:
     embedding_model: str = "multilingual-e5-small-int8"
     # A second dense leg for text without Han characters (README "The Latin-script dense
     # leg"): chunks without Han characters also get this model's vector at ingest, and
-    # queries without them search it too, fused as a third leg (latin_knn_weight). "" = off
-    # (the default, README says why); "auto": bge-small-en-v1.5-int8, which `models build`
+    # queries without them search it too, fused as a third leg (latin_knn_weight). "" = off;
+    # "auto" (the default): bge-small-en-v1.5-int8, which `models build`
     # builds, beside the default embedder; or a directory name under models_dir. Chinese
     # queries never run it.
-    latin_embedding_model: str = ""
+    latin_embedding_model: str = "auto"
     # reranker_model: "auto" = the trained default (e5-small-split-reranker-int8) once it is
     # built and its valid gate file shows it beating the tuned hybrid in en and zh; "" = off;
     # a name or path = that model. Without one the rerank leg reports SKIPPED with the reason.

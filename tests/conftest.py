@@ -2,7 +2,7 @@
 
 import os
 
-from tests.support.harness import demo, e5_embedder, start_server
+from tests.support.harness import bge_embedder, demo, e5_embedder, start_server
 
 # Stacks of every thread and asyncio task when a test hangs (then pytest-timeout fails it).
 pytest_plugins = ["tests.support.watchdog"]
@@ -12,4 +12,4 @@ pytest_plugins = ["tests.support.watchdog"]
 # that want a reranker name one. The "auto" resolution itself is unit-tested.
 os.environ.setdefault("RETRIEVAL_RERANKER_MODEL", "")
 
-__all__ = ["demo", "e5_embedder", "start_server"]
+__all__ = ["bge_embedder", "demo", "e5_embedder", "start_server"]

@@ -191,6 +191,21 @@ class Engine(abc.ABC):
     async def versions(self, source_id: str) -> list[str]:
         """Versions of a source that are stored now (any status), sorted."""
 
+    @abc.abstractmethod
+    async def chunks_without(self, field: VectorField, after: str, limit: int) -> list[tuple[str, str, str]]:
+        """Up to ``limit`` chunks that have no ``field`` vector, ordered by chunk id, those
+        after ``after`` ("" = from the start): ``(chunk_id, content_hash, search_text)`` (what
+        ingest embeds). Finds the
+        chunks a store made before a vector field existed must catch up on (the Latin-script
+        leg's backfill, ``ingest/backfill.py``)."""
+
+    @abc.abstractmethod
+    async def put_vectors(self, field: VectorField, vectors: Sequence[tuple[str, str, Vector]]) -> int:
+        """Store each ``(chunk_id, content_hash, vector)`` as that chunk's ``field`` vector,
+        only where the chunk still exists with that content hash and has none yet: a chunk
+        re-ingested or deleted since it was read keeps what it has. A vector of the wrong
+        dimension is not stored. Returns how many were stored."""
+
     async def passage_states(self, chunks: Sequence[tuple[str, str]], states_key: str) -> dict[str, bytes]:
         """Stored reranker passage states by chunk id, for ``(chunk_id, content_hash)`` pairs:
         only states written with ``states_key`` for a chunk that still has that content hash

@@ -163,6 +163,9 @@ class AttemptRunner:
         if latin is not None:
             self.tracer.models["KNN_LATIN"] = latin.info.model_id
         self.default_legs = (LegKind.BM25, LegKind.KNN) + ((LegKind.KNN_LATIN,) if self.latin else ())
+        # Why the Latin-script leg is not searched yet ("" = it is): set while the store
+        # catches up on chunks ingested before the leg was served (ingest/backfill.py).
+        self.latin_pending = ""
         self.quality = quality or QualityModel()
         self.engine = engine
         self.runtime = runtime
@@ -227,6 +230,8 @@ class AttemptRunner:
         if LegKind.KNN_LATIN in legs:
             if not self.latin:
                 latin_skipped = "no Latin-script embedder is served (latin_embedding_model)"
+            elif self.latin_pending:
+                latin_skipped = self.latin_pending
             elif is_cjk(query):
                 latin_skipped = "the query has Han characters"
             else:
@@ -311,7 +316,7 @@ class AttemptRunner:
             top_k = min(top_k, decision.max_results_per_search)
 
         legs = req.legs or self.default_legs
-        fusion = fusion_for(req.query, cfg)
+        fusion = fusion_for(req.query, cfg, latin=self.latin and not self.latin_pending and LegKind.KNN_LATIN in legs)
         acl = None if principal.unrestricted else principal.groups
         flt = SearchFilter(req.collections, req.source_ids, dict(req.metadata), acl)
 

@@ -29,13 +29,15 @@ def is_cjk(query: str) -> bool:
     return has_han(query)
 
 
-def fusion_for(query: str, cfg: Config) -> FusionParams:
+def fusion_for(query: str, cfg: Config, *, latin: bool = True) -> FusionParams:
     """Per-language fusion settings: BM25 over cjk bigrams and dense similarity trade off
     differently in Chinese and English, and English has a third leg where the Latin-script
-    embedder is served (tuned on InsuranceQA train, service/eval/fusion_tuned.json)."""
+    embedder is served (tuned on InsuranceQA train, service/eval/fusion_tuned.json).
+    ``latin``: False where that leg is served but does not run for this request (not asked
+    for, or skipped while the store catches up), so the two legs fuse as without it."""
     if is_cjk(query):
         return FusionParams(cfg.cjk_rrf_k, cfg.cjk_bm25_weight, cfg.cjk_knn_weight)
-    if cfg.latin_embedding_model:  # three legs: the Latin-script one runs for this query
+    if cfg.latin_embedding_model and latin:  # three legs: the Latin-script one runs for this query
         return FusionParams(cfg.latin_leg_rrf_k, cfg.latin_leg_bm25_weight, cfg.latin_leg_knn_weight,
                             cfg.latin_knn_weight)
     return FusionParams(cfg.rrf_k, cfg.bm25_weight, cfg.knn_weight)

@@ -60,6 +60,13 @@ def test_serve_ingest_query_from_the_command_line(tmp_path: Path) -> None:
         events = [json.loads(line) for line in q.stdout.splitlines()]
         assert events[-1]["result"]["outcome"] == "ATTEMPT_OUTCOME_EVIDENCE_FOUND"
         assert next(e for e in events if "evidence" in e)["evidence"]["source_id"] == "cli-doc"
+        # The default serves the Latin-script leg wherever its model is built (make test builds it).
+        from service.app import DEFAULT_LATIN_EMBEDDER
+        from service.offline.builder import default_models_dir
+
+        if (default_models_dir() / DEFAULT_LATIN_EMBEDDER / "model.onnx").exists() or os.environ.get("CI") == "true":
+            legs = {leg["kind"]: leg["status"] for leg in events[-1]["result"]["legs"]}
+            assert legs["LEG_KIND_KNN_LATIN"] == "LEG_STATUS_OK", legs
 
         readable = run("query", "--target", target, "如何开具发票")
         assert "faq-invoice-zh" in readable.stdout and "outcome EVIDENCE_FOUND" in readable.stdout

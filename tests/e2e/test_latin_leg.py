@@ -7,13 +7,22 @@ is visible."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from service._gen.retrieval.v1 import retrieval_pb2, types_pb2
+from service.config import Config
 from service.engines.base import SearchFilter, VectorField
+from service.engines.embedded.engine import EmbeddedEngine
+from service.ingest import backfill
+from service.models.base import EmbeddingBackend
 from service.models.dummy import HashEmbedder
 from service.script import has_han
-from tests.support.harness import Live, StartServer, evidence_of, legs_of, result_of
+from tests.support.harness import Live, StartServer, evidence_of, launch, legs_of, result_of, shutdown
 
 pytestmark = pytest.mark.slow
 
@@ -77,3 +86,55 @@ async def test_a_server_without_the_leg_skips_it_when_asked(start_server: StartS
     assert legs["LEG_KIND_BM25"] == "LEG_STATUS_OK" and legs["LEG_KIND_KNN_LATIN"] == "LEG_STATUS_SKIPPED"
     plain = result_of(await live.retrieve(query=ENGLISH, top_k=5))
     assert "LEG_KIND_KNN_LATIN" not in legs_of(plain)  # not served: not reported unless asked
+
+
+async def test_a_store_from_before_the_leg_catches_up_and_until_then_two_legs_serve(
+        tmp_path: Path, e5_embedder: EmbeddingBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A store ingested without the leg (an upgrade to the default that serves it) has no
+    # Latin-script vectors. The leg must not search it half-filled: until the backfill is done
+    # it is SKIPPED with the progress as its reason, and the two legs fuse exactly as before.
+    cfg = dataclasses.replace(Config(), data_dir=tmp_path / "data", reranker_model="", latin_embedding_model="")
+    old = await launch(cfg, e5_embedder)
+    before = await old.retrieve(query=ENGLISH, top_k=5)
+    await shutdown(old)
+
+    monkeypatch.setattr(backfill, "PAGE", 4)  # paged as a large store is
+    gate = asyncio.Event()
+    real_put = EmbeddedEngine.put_vectors
+
+    async def held_put(self: EmbeddedEngine, field: VectorField, vectors: Any) -> int:
+        if started.is_set():  # the first page is stored at start; later ones wait for the test
+            await gate.wait()
+        return await real_put(self, field, vectors)
+
+    started = asyncio.Event()
+    monkeypatch.setattr(EmbeddedEngine, "put_vectors", held_put)
+    live = await launch(cfg, e5_embedder, demo=False, latin_embedder=HashEmbedder())
+    try:
+        started.set()
+        assert live.app.latin_backfill is not None and not live.app.latin_backfill.done()
+        during = await live.retrieve(query=ENGLISH, top_k=5)
+        result = result_of(during)
+        [leg] = [leg for leg in result.legs if leg.kind == types_pb2.LEG_KIND_KNN_LATIN]
+        assert leg.status == types_pb2.LEG_STATUS_SKIPPED and "catching up" in leg.detail, leg.detail
+        assert [(e.evidence_id, e.fused_score) for e in evidence_of(during)] == [
+            (e.evidence_id, e.fused_score) for e in evidence_of(before)]
+        assert result.top_quality == result_of(before).top_quality
+        assert result.relevance_level == result_of(before).relevance_level
+
+        gate.set()
+        progress = await asyncio.wait_for(live.app.latin_backfill, 60)
+        assert progress.done and progress.stored > 4
+        left = await live.app.engine.chunks_without(VectorField.LATIN, "", 1000)
+        assert left and all(has_han(text) for _, _, text in left)  # only Han chunks go without
+        after = result_of(await live.retrieve(query=ENGLISH, top_k=5))
+        assert legs_of(after)["LEG_KIND_KNN_LATIN"] == "LEG_STATUS_OK"
+    finally:
+        await shutdown(live)
+    # Caught up: the next start finds nothing to do and serves the leg from the first query.
+    again = await launch(cfg, e5_embedder, demo=False, latin_embedder=HashEmbedder())
+    try:
+        assert again.app.latin_backfill is None and again.app.runner.latin_pending == ""
+        assert legs_of(result_of(await again.retrieve(query=ENGLISH, top_k=5)))["LEG_KIND_KNN_LATIN"] == "LEG_STATUS_OK"
+    finally:
+        await shutdown(again)

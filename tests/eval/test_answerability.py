@@ -73,19 +73,20 @@ def reranker_cfg() -> Config:
 
 @pytest.fixture(scope="module")
 async def demo_kb(tmp_path_factory: pytest.TempPathFactory, e5_embedder: EmbeddingBackend,
-                  reranker_cfg: Config) -> AsyncIterator[Live]:
+                  bge_embedder: EmbeddingBackend, reranker_cfg: Config) -> AsyncIterator[Live]:
+    # The default's models: e5, the Latin-script leg's bge and the shipped reranker.
     cfg = dataclasses.replace(reranker_cfg, data_dir=tmp_path_factory.mktemp("answerability-demo"))
-    live = await launch(cfg, e5_embedder)
+    live = await launch(cfg, e5_embedder, latin_embedder=bge_embedder)
     yield live
     await shutdown(live)
 
 
 @pytest.fixture(scope="module")
 async def iqa_kb(tmp_path_factory: pytest.TempPathFactory, e5_embedder: EmbeddingBackend,
-                 reranker_cfg: Config) -> AsyncIterator[tuple[Live, list[Probe]]]:
+                 bge_embedder: EmbeddingBackend, reranker_cfg: Config) -> AsyncIterator[tuple[Live, list[Probe]]]:
     """One index with an InsuranceQA valid sample in both languages (ids prefixed en:/zh:)."""
     cfg = dataclasses.replace(reranker_cfg, data_dir=tmp_path_factory.mktemp("answerability-iqa"))
-    live = await launch(cfg, e5_embedder, demo=False)
+    live = await launch(cfg, e5_embedder, demo=False, latin_embedder=bge_embedder)
     probes: list[Probe] = []
     docs = []
     for lang in ("en", "zh"):

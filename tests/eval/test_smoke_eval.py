@@ -26,8 +26,10 @@ TUNED = Path(__file__).resolve().parents[2] / "service" / "eval" / "fusion_tuned
 QUESTIONS, NEGATIVES_PER_QUESTION, CORPUS, SEED = 60, 10, 1000, 0
 
 # Measured on this sample (2 cores, e5-small int8, embedded engine, fusion from
-# fusion_tuned.json: rrf_k 10, bm25_weight 0.3, knn_weight 1.0), nDCG@10:
-MEASURED = {"bm25": 0.4044, "knn": 0.6425, "hybrid": 0.6197}
+# fusion_tuned.json: rrf_k 10, bm25_weight 0.3, knn_weight 1.0), nDCG@10. The hybrid is the
+# default's three legs (the Latin-script leg, bge-small-en, fused with its own settings:
+# README "The Latin-script dense leg"); two legs measured 0.6197 here.
+MEASURED = {"bm25": 0.4044, "knn": 0.6425, "hybrid": 0.6590}
 # The old defaults (rrf_k 60, equal weights) measured hybrid 0.5476 here: 0.095 below kNN.
 # The shipped negatives are hard for BM25 but easy for dense models, so on this small
 # sample tuned fusion sits 0.023 below kNN (on the full valid corpus it is 0.011 above).
@@ -90,15 +92,18 @@ async def test_each_stage_earns_its_place(judged, tmp_path: Path) -> None:  # ty
 # answers up to 1,000 documents.
 RERANK_QUESTIONS = 40
 # Measured with the shipped e5-small-split-reranker-int8 (3 joint layers) and its
-# rerank_order.json, nDCG@10, 2026-12-03 (at the gate alpha 0.7 before the order shipped:
+# rerank_order.json, nDCG@10, 2026-12-03 with the default's Latin-script leg (English: three
+# legs; two legs read en 0.6316 / 0.7091; at the gate alpha 0.7 before the order shipped:
 # en 0.6507 / 0.6872, zh 0.5531 / 0.6267; the first version, 2 joint layers at alpha 0.5:
 # en 0.6505 / 0.6995, zh 0.5603 / 0.6073). The hybrid reads 0.6316 or 0.6507 in English
 # depending on the batches the cached corpus vectors were embedded in (int8 activations are
 # quantised per batch; the embedding cache keeps whichever came first).
-RERANK_MEASURED = {"en": {"hybrid": 0.6316, "hybrid+rerank": 0.7091},
+RERANK_MEASURED = {"en": {"hybrid": 0.7062, "hybrid+rerank": 0.7287},
                    "zh": {"hybrid": 0.5531, "hybrid+rerank": 0.6520}}
-# Rerank must add at least this over hybrid (measured +0.078 en, +0.088 zh).
-RERANK_MARGIN = 0.02
+# Rerank must add at least this over hybrid (measured +0.023 en over the three legs, +0.088 zh).
+# English is held to less: its three-leg first stage leaves the reranker less to add on these
+# 40 questions (+0.023, against +0.036 on 500 valid questions: 0.4301 -> 0.4659).
+RERANK_MARGIN = {"en": 0.01, "zh": 0.02}
 
 
 def _gated_reranker() -> Path:
@@ -136,6 +141,6 @@ async def test_rerank_earns_its_place(lang: str, tmp_path: Path) -> None:
     print(detail)
     assert rows["hybrid+rerank"]["outcomes"] == {"ATTEMPT_OUTCOME_EVIDENCE_FOUND": RERANK_QUESTIONS}, detail
     assert not rows["hybrid+rerank"]["degraded"] and not rows["hybrid+rerank"]["leg_failures"], detail
-    assert ndcg["hybrid+rerank"] >= ndcg["hybrid"] + RERANK_MARGIN, detail
+    assert ndcg["hybrid+rerank"] >= ndcg["hybrid"] + RERANK_MARGIN[lang], detail
     for m, value in RERANK_MEASURED.get(lang, {}).items():
         assert ndcg[m] >= value - FLOOR_DROP, f"{m} regressed: {detail}"

@@ -237,3 +237,37 @@ async def test_the_latin_script_leg_on_opensearch(os_url: str, tmp_path: Path, e
     finally:
         await shutdown(live)
         drop_prefix(os_url, prefix)
+
+
+async def test_an_index_from_before_the_latin_leg_catches_up_on_opensearch(
+        os_url: str, tmp_path: Path, e5_embedder: EmbeddingBackend) -> None:
+    """An index ingested without the Latin-script leg, served with it: the backfill
+    (service/ingest/backfill.py) pages through the chunks without the vector on the real
+    node and stores it onto each Latin-script chunk, and then the leg answers."""
+    from service.engines.base import VectorField
+    from service.models.dummy import HashEmbedder
+    from service.script import has_han
+    from tests.support.harness import launch
+
+    prefix = unique_prefix("latinfill")
+    try:
+        old = await launch(os_config(os_url, prefix, tmp_path / "a", latin_embedding_model=""), e5_embedder)
+        without = await old.app.engine.chunks_without(VectorField.LATIN, "", 1000)
+        assert any(not has_han(text) for _, _, text in without)  # English chunks without the vector
+        await shutdown(old)
+        live = await launch(os_config(os_url, prefix, tmp_path / "b"), e5_embedder, demo=False,
+                            latin_embedder=HashEmbedder())
+        try:
+            if live.app.latin_backfill is not None:  # the demo is one page: usually done at start
+                assert (await live.app.latin_backfill).done
+            left = await live.app.engine.chunks_without(VectorField.LATIN, "", 1000)
+            assert left and all(has_han(text) for _, _, text in left)
+            result = result_of(await live.retrieve(query="How do I reset my password?", top_k=5))
+            assert_opensearch(result)
+            assert legs_of(result)["LEG_KIND_KNN_LATIN"] == "LEG_STATUS_OK"
+            [leg] = [leg for leg in result.legs if leg.kind == types_pb2.LEG_KIND_KNN_LATIN]
+            assert leg.hit_count > 0
+        finally:
+            await shutdown(live)
+    finally:
+        drop_prefix(os_url, prefix)

@@ -31,6 +31,25 @@ def e5_embedder() -> EmbeddingBackend:
     return load_embedder(models / DEFAULT_EMBEDDER, threads=1)
 
 
+@pytest.fixture(scope="session")
+def bge_embedder() -> EmbeddingBackend:
+    """The default's Latin-script embedder (what ``latin_embedding_model = "auto"`` serves),
+    for tests of the default's quality; `make test` builds it (it needs mvn or the jar)."""
+    import os
+
+    from service.app import DEFAULT_LATIN_EMBEDDER
+
+    models = default_models_dir()
+    build_all(models)
+    path = models / DEFAULT_LATIN_EMBEDDER
+    if not (path / "model.onnx").exists():
+        msg = f"{DEFAULT_LATIN_EMBEDDER} is not built (`python -m service models build` needs mvn or its jar)"
+        if os.environ.get("CI", "").strip().lower() in {"1", "true", "yes", "on"}:
+            pytest.fail(msg + " (CI=true: make test builds it)")
+        pytest.skip(msg)
+    return load_embedder(path, threads=1)
+
+
 def demo_documents() -> list[corpus_pb2.Document]:
     coll = {"doc": types_pb2.COLLECTION_DOC, "faq": types_pb2.COLLECTION_FAQ}
     status = {"approved": types_pb2.SOURCE_STATUS_APPROVED, "draft": types_pb2.SOURCE_STATUS_DRAFT,
@@ -97,8 +116,10 @@ async def start_server(tmp_path: Path, e5_embedder: EmbeddingBackend) -> AsyncIt
 
     async def start(embedder: EmbeddingBackend | None = None, reranker: CrossEncoderBackend | None = None,
                     demo: bool = True, latin_embedder: EmbeddingBackend | None = None, **overrides: Any) -> Live:
-        # Hermetic: no "auto" reranker picked up from this machine's model cache.
-        cfg = dataclasses.replace(Config(), data_dir=tmp_path / f"data{len(started)}", **{"reranker_model": "", **overrides})
+        # Hermetic: no "auto" reranker or Latin-script embedder picked up from this machine's
+        # model cache (a test that wants the leg passes its embedder).
+        cfg = dataclasses.replace(Config(), data_dir=tmp_path / f"data{len(started)}",
+                                  **{"reranker_model": "", "latin_embedding_model": "", **overrides})
         live = await launch(cfg, embedder or e5_embedder, reranker, demo, latin_embedder)
         started.append(live)
         return live
@@ -111,7 +132,8 @@ async def start_server(tmp_path: Path, e5_embedder: EmbeddingBackend) -> AsyncIt
 @pytest.fixture(scope="session")
 async def demo(tmp_path_factory: pytest.TempPathFactory, e5_embedder: EmbeddingBackend) -> AsyncIterator[Live]:
     """One shared server with the demo corpus, for read-only tests."""
-    live = await launch(dataclasses.replace(Config(), data_dir=tmp_path_factory.mktemp("demo"), reranker_model=""), e5_embedder)
+    live = await launch(dataclasses.replace(Config(), data_dir=tmp_path_factory.mktemp("demo"), reranker_model="",
+                                            latin_embedding_model=""), e5_embedder)
     yield live
     await shutdown(live)
 

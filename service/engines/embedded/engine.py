@@ -234,6 +234,39 @@ class EmbeddedEngine(Engine):
 
         return await self._call(work, pool=self.writer)
 
+    async def chunks_without(self, field: VectorField, after: str, limit: int) -> list[tuple[str, str, str]]:
+        def work() -> list[tuple[str, str, str]]:
+            with self._index_lock:
+                return [(c.chunk_id, c.content_hash, c.search_text) for c in self._index.chunks_without(field, after, limit)]
+
+        return await self._call(work)
+
+    async def put_vectors(self, field: VectorField, vectors: Sequence[tuple[str, str, Vector]]) -> int:
+        items = list(vectors)
+        if not items:
+            return 0
+
+        def work() -> int:
+            with self._write_lock:
+                self._check_open()
+                assert self._store is not None
+                index = self._index.vector_index(field)
+                dimension = index.dimension
+                valid: list[tuple[str, str, Vector]] = []
+                for cid, content_hash, given in items:  # like a write's checks: the index's dimension, finite
+                    vector = np.asarray(given, dtype=np.float32)
+                    if index.check(vector) is None and len(vector) == (dimension or len(vector)):
+                        dimension = len(vector)
+                        valid.append((cid, content_hash, vector))
+                written = self._store.put_vectors(field, valid)
+                by_id = {cid: v for cid, _, v in valid}
+                with self._index_lock:
+                    for cid in written:
+                        self._index.set_vector(field, cid, by_id[cid])
+                return len(written)
+
+        return await self._call(work, pool=self.writer)
+
     async def delete_document(self, source_id: str, version: str | None = None) -> int:
         def work() -> int:
             with self._write_lock:

@@ -67,6 +67,10 @@ class VectorIndex:
         row: npt.NDArray[np.float32] = self._matrix[slot].copy()
         return row
 
+    def get_present(self, slot: int) -> bool:
+        """Whether ``slot`` has a vector (without copying it)."""
+        return slot < self._size and bool(self._present[slot])
+
     def delete(self, slot: int) -> None:
         if slot < self._size:
             self._present[slot] = False

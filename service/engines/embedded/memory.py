@@ -113,6 +113,17 @@ class MemoryIndex:
         assert record is not None
         return dataclasses.replace(record, vector=self.vectors.get(slot), latin_vector=self.latin_vectors.get(slot))
 
+    def chunks_without(self, field: VectorField, after: str, limit: int) -> list[ChunkRecord]:
+        """Live chunks without a ``field`` vector, by chunk id after ``after``, at most ``limit``."""
+        index = self.vector_index(field)
+        missing = sorted(cid for cid, slot in self._slot_of.items() if cid > after and not index.get_present(slot))
+        return [self.hit_record(self._slot_of[cid]) for cid in missing[:limit]]
+
+    def set_vector(self, field: VectorField, chunk_id: str, vector: npt.NDArray[np.float32]) -> None:
+        slot = self._slot_of.get(chunk_id)
+        if slot is not None:
+            self.vector_index(field).add(slot, vector)
+
     def hit_record(self, slot: int) -> ChunkRecord:
         record = self._records[slot]
         assert record is not None

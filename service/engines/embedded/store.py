@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from service.engines.base import ChunkRecord, Vector
+from service.engines.base import ChunkRecord, Vector, VectorField
 
 FILENAME = "engine.sqlite3"
 
@@ -146,6 +146,21 @@ class SqliteStore:
                     (states_key, blob, chunk_id, content_hash),
                 )
                 written += max(0, cur.rowcount)
+        return written
+
+    def put_vectors(self, field: VectorField, vectors: Sequence[tuple[str, str, Vector]]) -> list[str]:
+        """Backfill of a vector column: each only onto a chunk stored with that content hash
+        that has none yet (one transaction). Returns the chunk ids written."""
+        column = field.value  # an enum's own column name, never input
+        written: list[str] = []
+        with self._db:
+            for chunk_id, content_hash, vector in vectors:
+                cur = self._db.execute(
+                    f"UPDATE chunks SET {column} = ? WHERE chunk_id = ? AND content_hash = ? AND {column} IS NULL",
+                    (_blob(vector), chunk_id, content_hash),
+                )
+                if cur.rowcount > 0:
+                    written.append(chunk_id)
         return written
 
     def delete_document(self, source_id: str, version: str | None) -> None:

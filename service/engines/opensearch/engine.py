@@ -602,6 +602,45 @@ class OpenSearchEngine(Engine):
         return sum(1 for item in resp.get("items", [])
                    if next(iter(item.values())).get("result") == "updated")
 
+    async def chunks_without(self, field: VectorField, after: str, limit: int) -> list[tuple[str, str, str]]:
+        """One page of a search for chunks without the field (``exists``), sorted by the
+        ``chunk_id`` keyword and paged with ``search_after``. Realtime enough: a refresh first."""
+        await self._ensure_index()
+        await self.refresh()
+        body: JSON = {"size": limit, "query": {"bool": {"must_not": [{"exists": {"field": field.value}}]}},
+                      "sort": [{"chunk_id": "asc"}], "_source": ["chunk_id", "content_hash", "search_text"]}
+        if after:
+            body["search_after"] = [after]
+        resp = await self._request(
+            self._client.search(index=self.alias, body=body, request_timeout=self.request_timeout_s),
+            "search", self.request_timeout_s + 0.5,
+        )
+        return [(h["_source"]["chunk_id"], h["_source"]["content_hash"], h["_source"]["search_text"])
+                for h in resp.get("hits", {}).get("hits", [])]
+
+    async def put_vectors(self, field: VectorField, vectors: Sequence[tuple[str, str, Vector]]) -> int:
+        """One bulk of scripted partial updates, each a no-op unless the chunk still has that
+        content hash and no such vector (a missing chunk answers 404: nothing is created). A
+        vector of another dimension than the field's mapping is left out before it is sent."""
+        dimension = self.dimension_of(field)
+        items = [(cid, h, np.asarray(v, dtype=np.float32)) for cid, h, v in vectors]
+        items = [(cid, h, v) for cid, h, v in items
+                 if v.ndim == 1 and len(v) == dimension and bool(np.all(np.isfinite(v)))]
+        if not items:
+            return 0
+        await self._ensure_index()
+        lines: list[JSON] = []
+        for chunk_id, content_hash, vector in items:
+            lines.append({"update": {"_index": self.alias, "_id": chunk_id}})
+            lines.append({"script": {"lang": "painless", "source": mapping.PUT_VECTOR_SCRIPT, "params": {
+                "content_hash": content_hash, "field": field.value, "vector": mapping.vector_json(vector)}}})
+        resp = await self._request(
+            self._client.bulk(body=lines, params={"refresh": "false"}, request_timeout=self.request_timeout_s),
+            "bulk", self.request_timeout_s + 0.5,
+        )
+        return sum(1 for item in resp.get("items", [])
+                   if next(iter(item.values())).get("result") == "updated")
+
     async def stats(self) -> EngineStats:
         """Counts of searchable chunks and documents (exact: composite aggregation pages)."""
         await self._ensure_index()

@@ -71,6 +71,13 @@ PUT_STATES_SCRIPT = (
     " } else { ctx.op = 'noop'; }"
 )
 
+# Backfill of a vector field (``put_vectors``): only onto the chunk version it was computed
+# for, and only where that chunk has none; anything else is left untouched (``noop``).
+PUT_VECTOR_SCRIPT = (
+    "if (ctx._source.content_hash == params.content_hash && ctx._source[params.field] == null) {"
+    " ctx._source[params.field] = params.vector;"
+    " } else { ctx.op = 'noop'; }"
+)
 
 def alias_name(prefix: str) -> str:
     return f"{prefix}-chunks"

@@ -78,3 +78,39 @@ async def test_latin_vector_of_the_wrong_dimension_refuses_the_batch(engine_kit:
     await engine.refresh()
     [kept] = await engine.get_chunks([good.chunk_id])  # nothing already stored is lost
     assert kept.text == "alpha policy"
+
+
+async def test_chunks_without_the_vector_are_paged_and_backfilled_in_place(engine_kit: EngineKit) -> None:
+    # How a store made before the Latin-script leg catches up (service/ingest/backfill.py):
+    # page through the chunks without the vector, store each onto the version it was read as.
+    engine = engine_kit.engine
+    have = with_latin(chunk("S1", 0, "alpha policy", vector=unit(1.0), content_hash="h1"), unit(1.0))
+    b = chunk("S1", 1, "beta policy", vector=unit(0.0, 1.0), content_hash="h1")
+    c = chunk("S2", 0, "gamma policy", vector=unit(0.0, 0.0, 1.0), content_hash="h2")
+    await put(engine, have, b, c)
+    seen, after = [], ""
+    while page := await engine.chunks_without(LATIN, after, 1):
+        assert len(page) == 1
+        seen.extend(page)
+        after = page[-1][0]
+    assert seen == sorted([(b.chunk_id, "h1", b.search_text), (c.chunk_id, "h2", c.search_text)])
+    # Stored only onto the chunk version it was computed for, and only where none is yet.
+    written = await engine.put_vectors(LATIN, [
+        (b.chunk_id, "h1", unit(0.0, 1.0)),
+        (c.chunk_id, "stale-hash", unit(0.0, 0.0, 1.0)),  # re-ingested since it was read
+        (have.chunk_id, "h1", unit(0.0, 1.0)),  # has one: kept
+        ("S9#0@v1", "h9", unit(1.0)),  # deleted since: nothing is created
+        (c.chunk_id, "h2", np.ones(3, dtype=np.float32) / np.sqrt(3)),  # the wrong dimension
+    ])
+    assert written == 1
+    await engine.refresh()
+    assert ids((await engine.knn(unit(0.0, 1.0), 5, ALL, T, field=LATIN)).hits) == [b.chunk_id, have.chunk_id]
+    assert await engine.chunks_without(LATIN, "", 10) == [(c.chunk_id, "h2", c.search_text)]
+    assert await engine.get_chunks(["S9#0@v1"]) == []
+    [kept] = await engine.get_chunks([have.chunk_id])
+    assert kept.latin_vector is not None
+    np.testing.assert_allclose(kept.latin_vector, unit(1.0), atol=1e-6)
+    if engine_kit.reopen is not None:  # stored, not only in memory
+        engine = await engine_kit.reopen()
+        assert ids((await engine.knn(unit(0.0, 1.0), 1, ALL, T, field=LATIN)).hits) == [b.chunk_id]
+        assert [r[0] for r in await engine.chunks_without(LATIN, "", 10)] == [c.chunk_id]

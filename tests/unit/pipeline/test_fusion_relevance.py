@@ -133,6 +133,9 @@ def test_fusion_settings_follow_the_query_language() -> None:
     # Three legs where the Latin-script leg is served: their own settings.
     assert fusion_for("how do I get an invoice", on) == FusionParams(
         on.latin_leg_rrf_k, on.latin_leg_bm25_weight, on.latin_leg_knn_weight, on.latin_knn_weight)
+    # Served but not run for this request (not asked for, or the store still catching up):
+    # the two legs fuse exactly as without it.
+    assert fusion_for("how do I get an invoice", on, latin=False) == fusion_for("how do I get an invoice", off)
 
 
 def test_interpolate_minmax_both_scores() -> None:

@@ -900,7 +900,9 @@ type AttemptResult struct {
 	RetrievedCount  uint32        `protobuf:"varint,10,opt,name=retrieved_count,json=retrievedCount,proto3" json:"retrieved_count,omitempty"`
 	AdmissibleCount uint32        `protobuf:"varint,11,opt,name=admissible_count,json=admissibleCount,proto3" json:"admissible_count,omitempty"`
 	QualitySource   QualitySource `protobuf:"varint,12,opt,name=quality_source,json=qualitySource,proto3,enum=retrieval.v1.QualitySource" json:"quality_source,omitempty"`
-	// Top-1 quality in [0, 1] (0 when nothing was returned).
+	// The list's quality in [0, 1]: its top item's (0 when nothing was returned), or for a
+	// list the Latin-script leg answered in, without rerank, the quality of the item BM25 and
+	// kNN rank best, which the "nothing here" gate and relevance_level also read.
 	TopQuality float64 `protobuf:"fixed64,13,opt,name=top_quality,json=topQuality,proto3" json:"top_quality,omitempty"`
 	// The category filter was dropped and the search retried once.
 	RetriedUnfiltered bool `protobuf:"varint,14,opt,name=retried_unfiltered,json=retriedUnfiltered,proto3" json:"retried_unfiltered,omitempty"`

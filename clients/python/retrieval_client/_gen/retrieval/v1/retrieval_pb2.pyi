@@ -577,7 +577,10 @@ class AttemptResult(_message.Message):
     admissible_count: _builtins.int
     quality_source: _types_pb2.QualitySource.ValueType
     top_quality: _builtins.float
-    """Top-1 quality in [0, 1] (0 when nothing was returned)."""
+    """The list's quality in [0, 1]: its top item's (0 when nothing was returned), or for a
+    list the Latin-script leg answered in, without rerank, the quality of the item BM25 and
+    kNN rank best, which the "nothing here" gate and relevance_level also read.
+    """
     retried_unfiltered: _builtins.bool
     """The category filter was dropped and the search retried once."""
     budget_before: _builtins.int

@@ -303,7 +303,11 @@ export interface AttemptResult {
   retrievedCount: number;
   admissibleCount: number;
   qualitySource: QualitySource;
-  /** Top-1 quality in [0, 1] (0 when nothing was returned). */
+  /**
+   * The list's quality in [0, 1]: its top item's (0 when nothing was returned), or for a
+   * list the Latin-script leg answered in, without rerank, the quality of the item BM25 and
+   * kNN rank best, which the "nothing here" gate and relevance_level also read.
+   */
   topQuality: number;
   /** The category filter was dropped and the search retried once. */
   retriedUnfiltered: boolean;
