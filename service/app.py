@@ -332,11 +332,15 @@ class App:
         show(backfill.progress)
         until = time.monotonic() + _BACKFILL_AT_START_S
         try:
-            while not await backfill.step():
+            # Bounded: a hung engine must not hold the server's start (a page cut short is
+            # read again by the task; put_vectors never overwrites).
+            while not await asyncio.wait_for(backfill.step(), max(0.05, until - time.monotonic())):
                 if backfill.last_embedded or time.monotonic() > until:
                     break
             else:
                 return
+        except TimeoutError:
+            pass  # more than a start's worth: the task goes on
         except Exception as exc:  # noqa: BLE001 (the engine may be down at start: the task retries)
             log.warning("Latin-script backfill: %s; retrying in the background", exc)
         log.info("Latin-script leg skipped until the store is caught up (%s)", backfill.progress.reason())

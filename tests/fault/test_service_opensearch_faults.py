@@ -14,6 +14,7 @@ engine and the node, or from SIGSTOP/SIGCONT of a node of our own; nothing is mo
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import signal
@@ -184,6 +185,46 @@ async def test_service_starts_while_the_node_is_down_and_serves_once_it_is_back(
         assert_found(*(await timed_retrieve(live))[:2])
         print(f"\n[start while {fault}] server up in {start_s:.2f}s; SERVING {serving_s:.2f}s after the node "
               f"came back; ingest + retrieve {time.monotonic() - resumed:.2f}s after")
+    finally:
+        await stop_live(live)
+
+
+@pytest.mark.parametrize("fault", ["refused", "hung"])
+async def test_the_latin_leg_waits_for_a_node_down_at_start_then_catches_up(
+    proxy: TcpProxy, prefix: str, tmp_path: Path, e5_embedder: EmbeddingBackend, fault: str
+) -> None:
+    # With the Latin-script leg served, the start reads the store for chunks without its
+    # vector (service/ingest/backfill.py). With the node down that read fails or hangs: the
+    # start goes on (bounded), the leg is SKIPPED as "catching up", and the backfill task
+    # retries until the node is back; then the leg answers.
+    from service.models.dummy import HashEmbedder
+    from tests.support.harness import launch
+
+    if fault == "refused":
+        await proxy.refuse()
+    else:
+        proxy.blackhole()
+    started = time.monotonic()
+    live = await launch(os_config(proxy.url, prefix, tmp_path / "data"), e5_embedder, demo=False,
+                        latin_embedder=HashEmbedder())
+    start_s = time.monotonic() - started
+    try:
+        task = live.app.latin_backfill
+        assert task is not None and not task.done()
+        assert live.app.runner.latin_pending.startswith("catching up")
+        result, _, elapsed = await timed_retrieve(live)
+        assert result.outcome != EMPTY and legs_of(result)["LEG_KIND_KNN_LATIN"] == "LEG_STATUS_SKIPPED"
+        assert_within(elapsed, DEADLINE)
+        await proxy.resume()
+        await wait_health(live.channel, SERVING, HEALTH_WAIT_S)
+        progress = await asyncio.wait_for(task, 30)  # its retry, every backfill.RETRY_S
+        assert progress.done and live.app.runner.latin_pending == ""
+        summary = await live.ingest(demo_documents())
+        assert summary.documents_indexed == len(DEMO_DOCUMENTS) and not summary.errors, summary
+        result, sources, _ = await timed_retrieve(live)
+        assert result.outcome == FOUND and sources, (name(result.outcome), legs_of(result))
+        assert legs_of(result)["LEG_KIND_KNN_LATIN"] == "LEG_STATUS_OK"
+        print(f"\n[Latin-script leg, start while {fault}] server up in {start_s:.2f}s; caught up once the node was back")
     finally:
         await stop_live(live)
 
