@@ -186,7 +186,8 @@ def resolve_reranker(cfg: Config) -> RerankerChoice:
         if why:
             return RerankerChoice(None, f"default reranker {default} not used: {why}")
     backend = load_cross_encoder(path, threads=cfg.model_threads, max_length=cfg.rerank_max_length,
-                                 compact_states=cfg.rerank_states_compact, parallel=cfg.rerank_parallel)
+                                 compact_states=cfg.rerank_states_compact, parallel=cfg.rerank_parallel,
+                                 passage_tokens=cfg.rerank_passage_tokens)
     order = read_order(path) if cfg.rerank_alpha < 0 else None  # HeadOrderError: startup fails
     return RerankerChoice(backend, alpha=_alpha(cfg, gate), model_dir=path, order=order)
 

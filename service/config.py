@@ -103,7 +103,14 @@ class Config:
     # fused, BM25 and dense scores fitted on train; pipeline/head_order.py), else the alpha
     # tuned on valid for it (its gate file), else 1.0.
     rerank_alpha: float = -1.0
+    # Tokens of a pair a rerank may take (a one-sequence cross-encoder: query + passage).
     rerank_max_length: int = 256
+    # Split rerankers (the shipped one): tokens of a passage a rerank reads (lower and joint
+    # layers), at most the model's trained cap (192); 0 = that cap. The joint layers cost
+    # per token: 128 (a whole 500-character English chunk) measured no loss of valid
+    # nDCG@10 against 192 (en -0.0002, zh +0.0025) for 0.81x the zh rerank stage; 96 is
+    # faster still but lost on the smoke set (README "Cached passage states", Passage cap).
+    rerank_passage_tokens: int = 128
     # Threads a rerank's length groups run on (a reranker with the two-graph layout): one
     # pool of this many threads shared by every rerank, so a lone query on a quiet 2-core
     # machine uses both cores (rerank p50 ~0.6x) and under load the groups of concurrent

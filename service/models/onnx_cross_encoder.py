@@ -38,7 +38,7 @@ class OnnxCrossEncoder(CrossEncoderBackend):
     ``OnnxEmbedder``."""
 
     def __init__(self, model_dir: Path, threads: int = 1, max_length: int | None = None,
-                 compact_states: bool = False, parallel: int = 1) -> None:
+                 compact_states: bool = False, parallel: int = 1, passage_tokens: int = 0) -> None:
         # The two-graph path runs one call per length group; ``parallel`` > 1 runs them on a
         # pool of that many threads (onnxruntime releases the GIL), so a single rerank on an
         # idle machine uses every core, and, the pool being shared by every caller, the groups
@@ -59,7 +59,7 @@ class OnnxCrossEncoder(CrossEncoderBackend):
         self._tokenizer, self._pad_id = load_tokenizer(model_dir / TOKENIZER_FILE)
         self.split = manifest.get("architecture", "joint") == "split"
         if self.split:
-            self._split_init(manifest)
+            self._split_init(manifest, passage_tokens)
         # Tokens left for query + passage once the template's specials are in.
         self._pair_budget = self.max_length - self._tokenizer.num_special_tokens_to_add(True)
         if self._pair_budget - self.max_query_tokens < 1:
@@ -78,6 +78,10 @@ class OnnxCrossEncoder(CrossEncoderBackend):
             proj = str(states.get("projection_sha256", ""))[:16] if projection else "none"
             self.states_key = (f"{self.info.model_id}:lower-{str(states['lower_onnx_sha256'])[:16]}"
                                f":proj-{proj}:f{self._codec.fmt}")
+            if self._passage_max < int(str(manifest["passage_max_tokens"])):
+                # States cut at another passage cap are other states (the lower layers saw
+                # other text): never read across caps. The trained cap keeps the old key.
+                self.states_key += f":cap-{self._passage_max}"
         # The one graph serves every rerank of a model without the two graphs. With them it
         # only answers ``tokenize`` + ``infer`` called directly (parity checks, the one-graph
         # baselines), so it loads on first use: a server never holds it (~127 MB resident).
@@ -94,12 +98,16 @@ class OnnxCrossEncoder(CrossEncoderBackend):
                     self._session = make_session(self._one_graph_file, self._threads)
         return self._session
 
-    def _split_init(self, manifest: dict[str, object]) -> None:
+    def _split_init(self, manifest: dict[str, object], passage_tokens: int) -> None:
         tok = self._tokenizer
         self.max_query_tokens = int(str(manifest["query_max_tokens"]))
         self._passage_max = min(self.max_length, int(str(manifest["passage_max_tokens"])))
+        if passage_tokens > 0:
+            self._passage_max = min(self._passage_max, passage_tokens)
         self._query_prefix = tok.encode(str(manifest["query_prefix"]), add_special_tokens=False).ids
         self._passage_prefix = tok.encode(str(manifest["passage_prefix"]), add_special_tokens=False).ids
+        if self._passage_max < 3 + len(self._passage_prefix):
+            raise ValueError(f"passage cap {self._passage_max} leaves no room for a passage token")
         bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
         if bos is None or eos is None:
             raise ValueError("split cross-encoder needs <s> and </s> in its tokenizer")
@@ -277,6 +285,6 @@ def _length_groups(lengths: list[int], rows: int = _GROUP_ROWS) -> list[list[int
 
 
 def load_cross_encoder(model_dir: Path, threads: int = 1, max_length: int | None = None,
-                       compact_states: bool = False, parallel: int = 1) -> OnnxCrossEncoder:
+                       compact_states: bool = False, parallel: int = 1, passage_tokens: int = 0) -> OnnxCrossEncoder:
     return OnnxCrossEncoder(model_dir, threads=threads, max_length=max_length, compact_states=compact_states,
-                            parallel=parallel)
+                            parallel=parallel, passage_tokens=passage_tokens)

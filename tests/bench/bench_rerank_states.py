@@ -14,7 +14,8 @@ InsuranceQA answers, en and zh (``--docs`` each; the eval extra), else the synth
 bench corpus. Prints, per language, the rerank stage's p50 for ``rerank_top_n`` (20) pairs
 as the pipeline timed it (stored states read + model) and its ratio to recomputation,
 hybrid+rerank Retrieve p50; ingest chunks/s with states against without; and the stored
-bytes per chunk (mean, p95).
+bytes per chunk (mean, p95). ``--passage-caps 192`` adds a stored-states server per cap
+(``rerank_passage_tokens``; the other rows run at the config's, 128 by default).
 """
 
 from __future__ import annotations
@@ -84,10 +85,12 @@ class Run:
 
 async def serve(states: bool, data_dir: Path, docs: list[corpus_pb2.Document],
                 queries: dict[str, list[str]], compact: bool = False, one_graph: bool = False,
-                write_back: bool = False) -> Run:
+                write_back: bool = False, passage_cap: int | None = None) -> Run:
     cfg = dataclasses.replace(load_config(None), data_dir=data_dir, reranker_model=RERANKER, rerank_states=states,
                               rerank_states_compact=compact, rerank_states_write_back=write_back,
                               api_keys_file="", opensearch_url="")
+    if passage_cap:
+        cfg = dataclasses.replace(cfg, rerank_passage_tokens=passage_cap)
     app = App.build(cfg)
     if app.runtime.reranker is None:
         raise SystemExit(f"no reranker {RERANKER} under {cfg.models_dir}: run `make models`")
@@ -133,7 +136,7 @@ async def serve(states: bool, data_dir: Path, docs: list[corpus_pb2.Document],
     return run
 
 
-async def main(n_docs: int, n_queries: int) -> None:
+async def main(n_docs: int, n_queries: int, caps: list[int]) -> None:
     docs: list[corpus_pb2.Document] = []
     queries: dict[str, list[str]] = {}
     for lang in ("en", "zh"):
@@ -146,6 +149,8 @@ async def main(n_docs: int, n_queries: int) -> None:
         runs = {"recompute, two graphs": recompute, "stored, full width": await serve(True, Path(tmp) / "full", docs, queries),
                 "stored, compact": await serve(True, Path(tmp) / "compact", docs, queries, compact=True),
                 "write-back, 2nd ask": await serve(False, Path(tmp) / "write-back", docs, queries, write_back=True)}
+        for cap in caps:
+            runs[f"stored, passage cap {cap}"] = await serve(True, Path(tmp) / f"cap{cap}", docs, queries, passage_cap=cap)
 
     p50 = lambda xs: percentile(xs, 50)  # noqa: E731
     some = next(iter(runs.values()))
@@ -177,5 +182,8 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--docs", type=int, default=200, help="documents per language")
     ap.add_argument("--queries", type=int, default=40, help="queries per language")
+    ap.add_argument("--passage-caps", default="",
+                    help="comma-separated: also store full-width states with rerank_passage_tokens at each "
+                         "(the other rows run at the config's, 128 by default; the trained cap is 192)")
     a = ap.parse_args()
-    asyncio.run(main(a.docs, a.queries))
+    asyncio.run(main(a.docs, a.queries, [int(c) for c in a.passage_caps.split(",") if c]))

@@ -92,15 +92,17 @@ async def test_each_stage_earns_its_place(judged, tmp_path: Path) -> None:  # ty
 # answers up to 1,000 documents.
 RERANK_QUESTIONS = 40
 # Measured with the shipped e5-small-split-reranker-int8 (3 joint layers) and its
-# rerank_order.json, nDCG@10, 2026-12-03 with the default's Latin-script leg (English: three
-# legs; two legs read en 0.6316 / 0.7091; at the gate alpha 0.7 before the order shipped:
-# en 0.6507 / 0.6872, zh 0.5531 / 0.6267; the first version, 2 joint layers at alpha 0.5:
+# rerank_order.json, nDCG@10, 2026-12-04 with the default's Latin-script leg (English: three
+# legs) and passage cap (128; at the trained 192: zh rerank 0.6520, en the same; at 96:
+# en 0.7119, zh 0.6214; README "Passage cap"); 2026-12-03: two legs read en 0.6316 /
+# 0.7091; at the gate alpha 0.7 before the order shipped: en 0.6507 / 0.6872, zh 0.5531 /
+# 0.6267; the first version, 2 joint layers at alpha 0.5:
 # en 0.6505 / 0.6995, zh 0.5603 / 0.6073). The hybrid reads 0.6316 or 0.6507 in English
 # depending on the batches the cached corpus vectors were embedded in (int8 activations are
 # quantised per batch; the embedding cache keeps whichever came first).
 RERANK_MEASURED = {"en": {"hybrid": 0.7062, "hybrid+rerank": 0.7287},
-                   "zh": {"hybrid": 0.5531, "hybrid+rerank": 0.6520}}
-# Rerank must add at least this over hybrid (measured +0.023 en over the three legs, +0.088 zh).
+                   "zh": {"hybrid": 0.5531, "hybrid+rerank": 0.6383}}
+# Rerank must add at least this over hybrid (measured +0.023 en over the three legs, +0.075 zh).
 # English is held to less: its three-leg first stage leaves the reranker less to add on these
 # 40 questions (+0.023, against +0.036 on 500 valid questions: 0.4301 -> 0.4659).
 RERANK_MARGIN = {"en": 0.01, "zh": 0.02}

@@ -156,14 +156,19 @@ async def test_stopped_node_is_backend_error_then_recovers_without_restart(proxi
     print(f"\n[stopped node] BACKEND_ERROR after {elapsed:.3f}s; SERVING {serving_s:.2f}s after resume")
 
 
-@pytest.mark.parametrize("fault", ["refused", "hung"])
-async def test_service_starts_while_the_node_is_down_and_serves_once_it_is_back(
-    proxy: TcpProxy, prefix: str, tmp_path: Path, e5_embedder: EmbeddingBackend, fault: str
-) -> None:
+async def take_down(proxy: TcpProxy, fault: str) -> None:
+    """The node as the service sees it: ``refused`` (stopped) or ``hung`` (black-holed)."""
     if fault == "refused":
         await proxy.refuse()
     else:
         proxy.blackhole()
+
+
+@pytest.mark.parametrize("fault", ["refused", "hung"])
+async def test_service_starts_while_the_node_is_down_and_serves_once_it_is_back(
+    proxy: TcpProxy, prefix: str, tmp_path: Path, e5_embedder: EmbeddingBackend, fault: str
+) -> None:
+    await take_down(proxy, fault)
     started = time.monotonic()
     live = await start_live(os_config(proxy.url, prefix, tmp_path / "data"), e5_embedder)
     start_s = time.monotonic() - started
@@ -198,15 +203,10 @@ async def test_the_latin_leg_waits_for_a_node_down_at_start_then_catches_up(
     # start goes on (bounded), the leg is SKIPPED as "catching up", and the backfill task
     # retries until the node is back; then the leg answers.
     from service.models.dummy import HashEmbedder
-    from tests.support.harness import launch
 
-    if fault == "refused":
-        await proxy.refuse()
-    else:
-        proxy.blackhole()
+    await take_down(proxy, fault)
     started = time.monotonic()
-    live = await launch(os_config(proxy.url, prefix, tmp_path / "data"), e5_embedder, demo=False,
-                        latin_embedder=HashEmbedder())
+    live = await start_live(os_config(proxy.url, prefix, tmp_path / "data"), e5_embedder, latin_embedder=HashEmbedder())
     start_s = time.monotonic() - started
     try:
         task = live.app.latin_backfill

@@ -44,9 +44,9 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 # -- in-process ------------------------------------------------------------------------------
 
-async def start_live(cfg: Config, embedder: EmbeddingBackend) -> Live:
+async def start_live(cfg: Config, embedder: EmbeddingBackend, latin_embedder: EmbeddingBackend | None = None) -> Live:
     """Build and start the real App + Server on a loopback port, with an empty corpus."""
-    return await launch(cfg, embedder, demo=False)
+    return await launch(cfg, embedder, demo=False, latin_embedder=latin_embedder)
 
 
 stop_live = shutdown

@@ -147,6 +147,25 @@ def test_states_key_names_the_lower_graph(tmp_path: Path, e5_fp32_dir: Path) -> 
         without.passage_states(["x"])
 
 
+def test_a_lower_passage_cap_keys_its_states_apart(tmp_path: Path, e5_fp32_dir: Path) -> None:
+    """``rerank_passage_tokens`` (or ``rerank_max_length``) below the trained passage cap cuts
+    passages shorter before the lower layers: other states, so never read as (or instead
+    of) the trained cap's; a cap at or above the trained one is the trained one."""
+    model_dir = build_tiny_split_cross_encoder(tmp_path / "m", e5_fp32_dir / TOKENIZER_FILE)
+    trained = OnnxCrossEncoder(model_dir)
+    assert trained.states_key and ":cap-" not in trained.states_key
+    for same in (OnnxCrossEncoder(model_dir, max_length=4096), OnnxCrossEncoder(model_dir, passage_tokens=4096)):
+        assert same.states_key == trained.states_key
+    long = " ".join(["insurance policy premium"] * 40)
+    [full] = trained.passage_states([long])
+    for capped in (OnnxCrossEncoder(model_dir, passage_tokens=24), OnnxCrossEncoder(model_dir, max_length=24)):
+        assert capped.states_key == f"{trained.states_key}:cap-24"
+        [short] = capped.passage_states([long])
+        assert len(short) < len(full)
+    with pytest.raises(ValueError, match="no room"):
+        OnnxCrossEncoder(model_dir, passage_tokens=3)
+
+
 @pytest.mark.slow
 def test_shipped_reranker_cut_matches_the_one_graph(models_dir: Path) -> None:
     model_dir = models_dir / "e5-small-split-reranker-int8"
