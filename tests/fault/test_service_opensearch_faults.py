@@ -73,7 +73,11 @@ async def timed_retrieve(live: Live, query: str = QUERY) -> tuple[retrieval_pb2.
     Getting a result at all means the stream ended before the deadline (gRPC would
     otherwise end it with DEADLINE_EXCEEDED)."""
     started = time.monotonic()
-    events = await live.retrieve(query=query, top_k=3, timeout=DEADLINE)
+    try:
+        events = await live.retrieve(query=query, top_k=3, timeout=DEADLINE)
+    except grpc.aio.AioRpcError as exc:  # say when and how, so a failure here can be read
+        pytest.fail(f"Retrieve ended with {exc.code().name} after {time.monotonic() - started:.3f}s "
+                    f"(deadline {DEADLINE}s): {exc.details()}")
     elapsed = time.monotonic() - started
     return result_of(events), [e.source_id for e in evidence_of(events)], elapsed
 
@@ -89,7 +93,8 @@ def assert_timeout_before_deadline(result: retrieval_pb2.AttemptResult, elapsed:
 
 def assert_found(result: retrieval_pb2.AttemptResult, sources: list[str]) -> None:
     assert result.outcome == FOUND, (name(result.outcome), legs_of(result), [leg.detail for leg in result.legs])
-    assert not result.degraded and result.engine == "opensearch"
+    assert not result.degraded and result.engine == "opensearch", (
+        result.stopping_reason, legs_of(result), [leg.detail for leg in result.legs])
     assert sources[0] == EXPECTED, sources
 
 
