@@ -25,7 +25,7 @@ from pathlib import Path
 
 from service.eval.item_dump import column
 from service.eval.metrics import ndcg_at_k
-from service.pipeline.head_order import FEATURES, HeadOrder
+from service.pipeline.head_order import FEATURES, SCRIPTS, HeadOrder
 STEPS = (-1.0, -0.5, -0.25, -0.1, -0.05, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
@@ -97,9 +97,14 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("fit", help="fit per-script weights on train dumps")
-    f.add_argument("--train-en", type=Path, required=True, help="Latin-script (English) train item dump")
-    f.add_argument("--train-zh", type=Path, required=True, help="Han-script (Chinese) train item dump")
+    f.add_argument("--train-en", type=Path, default=None, help="Latin-script (English) train item dump")
+    f.add_argument("--train-zh", type=Path, default=None, help="Han-script (Chinese) train item dump")
     f.add_argument("--start-alpha", type=float, default=0.7, help="the interpolation to start from (the gate's)")
+    f.add_argument("--start-order", type=Path, default=None,
+                   help="start from this order's weights instead of the alpha (e.g. the shipped one)")
+    f.add_argument("--scripts", default="latin,cjk",
+                   help="the scripts to fit; the others keep --start-order's weights (a first stage "
+                        "that changed for one script only re-fits that one)")
     f.add_argument("--out", type=Path, required=True)
     s = sub.add_parser("score", help="mean nDCG@10 of an order (or an alpha) on item dumps")
     s.add_argument("--order", type=Path, default=None)
@@ -122,20 +127,40 @@ def main(argv: list[str] | None = None) -> int:
                 line += f"; vs alpha {a.against_alpha:g}: {mean:+.4f} (95 % CI {lo:+.4f}..{hi:+.4f})"
             print(line)
         return 0
-    start = {"rerank": a.start_alpha, "fused": round(1.0 - a.start_alpha, 4)}
+    scripts = [x.strip() for x in a.scripts.split(",") if x.strip()]
+    if not scripts or any(x not in SCRIPTS for x in scripts):
+        p.error(f"--scripts: a comma-separated subset of {', '.join(SCRIPTS)}")
+    for script, path, flag in (("latin", a.train_en, "--train-en"), ("cjk", a.train_zh, "--train-zh")):
+        if script in scripts and path is None:
+            p.error(f"fitting {script} needs {flag}")
+    start_order = HeadOrder.load(a.start_order) if a.start_order else None
+    if start_order is None and len(scripts) < len(SCRIPTS):
+        p.error("--scripts without every script needs --start-order (the weights the others keep)")
+    alpha_start = {"rerank": a.start_alpha, "fused": round(1.0 - a.start_alpha, 4)}
     weights: dict[str, dict[str, float]] = {}
-    report: dict[str, dict[str, object]] = {}
+    report: dict[str, object] = {}
+    if start_order is not None:  # what a script that is not re-fitted keeps, and where fits start
+        weights = {x: dict(start_order.weights[x]) for x in SCRIPTS}
+        previous = start_order.meta.get("fitted_on", {})
+        report = {x: previous.get(x, {"from": str(a.start_order)}) for x in SCRIPTS if x not in scripts}
     for script, path, cjk in (("latin", a.train_en, False), ("cjk", a.train_zh, True)):
+        if script not in scripts:
+            continue
         heads = load_heads(path)
+        start = weights.get(script, alpha_start)
         base = mean_ndcg(heads, HeadOrder.from_alpha(a.start_alpha), cjk)
+        started = mean_ndcg(heads, HeadOrder({x: start for x in SCRIPTS}), cjk)
         weights[script], fitted = fit_script(heads, start, cjk)
         report[script] = {"train_items": str(path), "queries": len(heads), f"ndcg@10_alpha_{a.start_alpha:g}": round(base, 4),
+                          **({"ndcg@10_start_order": round(started, 4)} if start_order is not None else {}),
                           "ndcg@10_fitted": round(fitted, 4)}
-        print(f"{script}: {len(heads)} train queries, nDCG@10 {base:.4f} at alpha {a.start_alpha:g} -> {fitted:.4f} "
-              f"with {weights[script]}", file=sys.stderr)
+        print(f"{script}: {len(heads)} train queries, nDCG@10 {base:.4f} at alpha {a.start_alpha:g}"
+              + (f", {started:.4f} with the start order" if start_order is not None else "")
+              + f" -> {fitted:.4f} with {weights[script]}", file=sys.stderr)
     order = HeadOrder.from_weights(weights)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(order.to_json(fitted_on=report, start_alpha=a.start_alpha,
+                                   **({"start_order": str(a.start_order)} if a.start_order else {}),
                                    command="python -m service.eval.head_order_fit " + " ".join(argv or sys.argv[1:])),
                      encoding="utf-8")
     print(f"wrote {a.out}", file=sys.stderr)

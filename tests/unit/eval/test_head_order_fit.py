@@ -15,9 +15,10 @@ from service.eval.head_order_fit import load_heads, main, mean_ndcg
 from service.pipeline.head_order import ORDER_FILE, HeadOrder, order_sha256, read_order
 
 
-def _dump(path: Path, n: int, seed: int, bm25_knows: bool) -> Path:
+def _dump(path: Path, n: int, seed: int, bm25_knows: bool, latin_knows: bool = False) -> Path:
     """A hybrid+rerank item dump shaped like runner.py's: the reranker is noisy, BM25 (when
-    ``bm25_knows``) scores the relevant item high, the fused score is uninformative."""
+    ``bm25_knows``) scores the relevant item high, the fused score is uninformative; with
+    ``latin_knows`` rows carry a Latin-script cosine that does."""
     rng = random.Random(seed)
     records: dict[str, Any] = {}
     for q in range(n):
@@ -28,6 +29,8 @@ def _dump(path: Path, n: int, seed: int, bm25_knows: bool) -> Path:
             bm25 = (12.0 if hit else rng.uniform(0, 10)) if bm25_knows else rng.uniform(0, 10)
             rows.append([f"q{q}-d{i}", None if (not hit and rng.random() < 0.3) else bm25, rng.uniform(0.7, 0.9),
                          0.05 - i * 0.001, rng.gauss(2.0 if hit else 0.0, 2.0), 0.1])
+            if latin_knows:
+                rows[-1].append(0.95 if hit else rng.uniform(0.6, 0.9))
         records[f"q{q}"] = {"degraded": False, "relevant": [f"q{q}-d{rel}"], "items": rows}
     records["degraded"] = {"degraded": True, "relevant": ["x"], "items": [["x", 1, 1, 1, 1, 1]] * 3}
     path.write_text(json.dumps(records))
@@ -48,6 +51,31 @@ def test_fit_finds_an_informative_leg_and_ships_a_loadable_order(tmp_path: Path)
     # Held-out questions from the same process gain too (it is not memorising the train ones).
     held = load_heads(_dump(tmp_path / "en-valid.json", 150, 9, bm25_knows=True))
     assert mean_ndcg(held, order, cjk=False) > mean_ndcg(held, HeadOrder.from_alpha(0.7), cjk=False) + 0.05
+
+
+def test_a_partial_refit_keeps_the_other_scripts_weights(tmp_path: Path) -> None:
+    # A first stage that changed for one script (the Latin-script leg) re-fits that script
+    # from the shipped order; the other keeps its weights and its record.
+    shipped = tmp_path / "shipped" / ORDER_FILE
+    shipped.parent.mkdir()
+    cjk = {"rerank": 1.5, "fused": 0.3, "bm25": 0.4, "dense": 0.05}
+    shipped.write_text(HeadOrder.from_weights({"latin": {"rerank": 1.1, "fused": 0.3}, "cjk": cjk}).to_json(
+        fitted_on={"cjk": {"queries": 1000, "ndcg@10_fitted": 0.32}}))
+    en = _dump(tmp_path / "en.json", 150, 3, bm25_knows=False, latin_knows=True)
+    out = tmp_path / "order" / ORDER_FILE
+    assert main(["fit", "--train-en", str(en), "--start-order", str(shipped), "--scripts", "latin", "--out", str(out)]) == 0
+    order = read_order(out.parent)
+    assert order is not None and dict(order.weights["cjk"]) == cjk
+    assert order.weights["latin"].get("latin_dense", 0.0) > 0
+    doc = json.loads(out.read_text())
+    assert doc["fitted_on"]["cjk"] == {"queries": 1000, "ndcg@10_fitted": 0.32}
+    latin = doc["fitted_on"]["latin"]
+    assert latin["ndcg@10_fitted"] > latin["ndcg@10_start_order"]
+    # Fitting one script without saying what the other keeps is refused.
+    with pytest.raises(SystemExit):
+        main(["fit", "--train-en", str(en), "--scripts", "latin", "--out", str(out)])
+    with pytest.raises(SystemExit):
+        main(["fit", "--start-order", str(shipped), "--scripts", "latin", "--out", str(out)])
 
 
 def _model_dir(tmp_path: Path) -> Path:
