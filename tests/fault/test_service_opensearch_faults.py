@@ -48,6 +48,10 @@ pytestmark = [pytest.mark.fault, pytest.mark.integration, pytest.mark.slow]
 # The caller's gRPC deadline. The legs get retrieval_share (0.6) of it, the engine's client
 # waits a small margin past that, so a hung node must be answered well before it.
 DEADLINE = 2.0
+# For the checks that the service answers (before a fault, once it is over): a whole, not
+# degraded, answer is the point there, not its time, so a slow moment of a loaded machine
+# (the first rerank after a restart, a JVM pause) must not read as a failed recovery.
+SERVING_DEADLINE = 10.0
 QUERY, EXPECTED = "how do I reset my password", "kb-password-reset"
 # Health is polled every 1s and the readiness probe waits up to 1.1s: a state change shows
 # within ~2.5s; 10s leaves room for a loaded machine without hiding a service that never flips.
@@ -68,16 +72,17 @@ def os_config(url: str, prefix: str, data_dir: Path) -> Config:
     return dataclasses.replace(Config(), opensearch_url=url, opensearch_index_prefix=prefix, data_dir=data_dir)
 
 
-async def timed_retrieve(live: Live, query: str = QUERY) -> tuple[retrieval_pb2.AttemptResult, list[str], float]:
-    """One attempt under the caller's DEADLINE: the result, evidence sources, seconds taken.
+async def timed_retrieve(live: Live, query: str = QUERY, deadline: float = DEADLINE
+                         ) -> tuple[retrieval_pb2.AttemptResult, list[str], float]:
+    """One attempt under the caller's ``deadline``: the result, evidence sources, seconds taken.
     Getting a result at all means the stream ended before the deadline (gRPC would
     otherwise end it with DEADLINE_EXCEEDED)."""
     started = time.monotonic()
     try:
-        events = await live.retrieve(query=query, top_k=3, timeout=DEADLINE)
+        events = await live.retrieve(query=query, top_k=3, timeout=deadline)
     except grpc.aio.AioRpcError as exc:  # say when and how, so a failure here can be read
         pytest.fail(f"Retrieve ended with {exc.code().name} after {time.monotonic() - started:.3f}s "
-                    f"(deadline {DEADLINE}s): {exc.details()}")
+                    f"(deadline {deadline}s): {exc.details()}")
     elapsed = time.monotonic() - started
     return result_of(events), [e.source_id for e in evidence_of(events)], elapsed
 
@@ -121,7 +126,7 @@ async def proxied(proxy: TcpProxy, prefix: str, tmp_path: Path, e5_embedder: Emb
 async def test_hung_node_is_timeout_before_the_deadline_then_recovers_without_restart(
     proxied: Live, proxy: TcpProxy
 ) -> None:
-    assert_found(*(await timed_retrieve(proxied))[:2])
+    assert_found(*(await timed_retrieve(proxied, deadline=SERVING_DEADLINE))[:2])
     proxy.blackhole()
     elapsed_all = []
     for query in (QUERY, "如何开具发票"):
@@ -136,7 +141,7 @@ async def test_hung_node_is_timeout_before_the_deadline_then_recovers_without_re
     not_serving_s = await wait_health(proxied.channel, NOT_SERVING, HEALTH_WAIT_S)
     assert await health_status(proxied.channel, "liveness") == SERVING  # readiness only
     await proxy.resume()
-    result, sources, _ = await timed_retrieve(proxied)
+    result, sources, _ = await timed_retrieve(proxied, deadline=SERVING_DEADLINE)
     assert_found(result, sources)
     serving_s = await wait_health(proxied.channel, SERVING, HEALTH_WAIT_S)
     print(f"\n[hung node] TIMEOUT after {', '.join(f'{e:.3f}s' for e in elapsed_all)} "
@@ -156,7 +161,7 @@ async def test_stopped_node_is_backend_error_then_recovers_without_restart(proxi
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "BACKEND_ERROR" in (err.value.details() or "")
     await wait_health(proxied.channel, NOT_SERVING, HEALTH_WAIT_S)
     await proxy.resume()
-    assert_found(*(await timed_retrieve(proxied))[:2])
+    assert_found(*(await timed_retrieve(proxied, deadline=SERVING_DEADLINE))[:2])
     serving_s = await wait_health(proxied.channel, SERVING, HEALTH_WAIT_S)
     print(f"\n[stopped node] BACKEND_ERROR after {elapsed:.3f}s; SERVING {serving_s:.2f}s after resume")
 
@@ -192,7 +197,7 @@ async def test_service_starts_while_the_node_is_down_and_serves_once_it_is_back(
         serving_s = await wait_health(live.channel, SERVING, HEALTH_WAIT_S)
         summary = await live.ingest(demo_documents())
         assert summary.documents_indexed == len(DEMO_DOCUMENTS) and not summary.errors, summary
-        assert_found(*(await timed_retrieve(live))[:2])
+        assert_found(*(await timed_retrieve(live, deadline=SERVING_DEADLINE))[:2])
         print(f"\n[start while {fault}] server up in {start_s:.2f}s; SERVING {serving_s:.2f}s after the node "
               f"came back; ingest + retrieve {time.monotonic() - resumed:.2f}s after")
     finally:
@@ -226,7 +231,7 @@ async def test_the_latin_leg_waits_for_a_node_down_at_start_then_catches_up(
         assert progress.done and live.app.runner.latin_pending == ""
         summary = await live.ingest(demo_documents())
         assert summary.documents_indexed == len(DEMO_DOCUMENTS) and not summary.errors, summary
-        result, sources, _ = await timed_retrieve(live)
+        result, sources, _ = await timed_retrieve(live, deadline=SERVING_DEADLINE)
         assert result.outcome == FOUND and sources, (name(result.outcome), legs_of(result))
         assert legs_of(result)["LEG_KIND_KNN_LATIN"] == "LEG_STATUS_OK"
         print(f"\n[Latin-script leg, start while {fault}] server up in {start_s:.2f}s; caught up once the node was back")
@@ -256,7 +261,7 @@ async def test_sigstopped_node_is_timeout_before_the_deadline_and_sigcont_recove
         summary = await live.ingest(demo_documents())
         assert summary.documents_indexed == len(DEMO_DOCUMENTS) and not summary.errors, summary
         await wait_health(live.channel, SERVING, HEALTH_WAIT_S)
-        assert_found(*(await timed_retrieve(live))[:2])
+        assert_found(*(await timed_retrieve(live, deadline=SERVING_DEADLINE))[:2])
         os.kill(pid, signal.SIGSTOP)
         try:
             elapsed_all = []
@@ -268,7 +273,7 @@ async def test_sigstopped_node_is_timeout_before_the_deadline_and_sigcont_recove
         finally:
             os.kill(pid, signal.SIGCONT)
         serving_s = await wait_health(live.channel, SERVING, 30.0)
-        assert_found(*(await timed_retrieve(live))[:2])
+        assert_found(*(await timed_retrieve(live, deadline=SERVING_DEADLINE))[:2])
         print(f"\n[SIGSTOP] TIMEOUT after {', '.join(f'{e:.3f}s' for e in elapsed_all)} (deadline {DEADLINE}s); "
               f"SERVING {serving_s:.2f}s after SIGCONT")
     finally:
