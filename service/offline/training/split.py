@@ -305,6 +305,18 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit("--init-upper adapted: no committed upper_delta.npz")
         src = apply_upper_delta(src, delta)
     model = make_upper(src, layout, args.upper, args.dropout, args.cross_bias_init, args.head_scale)
+    if args.init_from is not None:
+        # Continue from a shipped reranker (its delta.npz: the joint layers, the cross-attention
+        # biases and the Platt-calibrated head) instead of starting over: more steps for a
+        # model whose first run was cut by its budget. A fresh optimizer, warmup and decay.
+        from service.offline.builder.reranker import load_delta
+
+        tensors = load_delta(args.init_from)
+        own = model.state_dict()
+        if set(tensors) != set(own) or any(tuple(own[k].shape) != v.shape for k, v in tensors.items()):
+            raise SystemExit(f"--init-from {args.init_from}: not a delta of {args.upper} joint layers of this model")
+        model.load_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()})
+        _log(f"initialised from {args.init_from} (cross bias mean {float(model.cross_bias.detach().mean()):.2f})")
     groups_per_step = args.batch_groups
     rng = np.random.default_rng(args.seed)
     # Every (lang, question) with a positive and negatives, shuffled per epoch.
@@ -443,6 +455,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--head-scale", type=float, default=20.0)
     p.add_argument("--init-upper", choices=["wheel", "adapted"], default="wheel",
                    help="joint layers start from the wheel's e5 layers or the domain-adapted embedder's")
+    p.add_argument("--init-from", type=Path, default=None,
+                   help="start from a shipped reranker's delta.npz (continued training; overrides --init-upper)")
     p.add_argument("--eval-every", type=int, default=600)
     p.add_argument("--eval-start", action="store_true")
     p.add_argument("--eval-questions", type=int, default=100)

@@ -93,6 +93,39 @@ def test_split_cache_train_resume_export_serve(tmp_path: Path, e5_int8_dir: Path
         assert scores.shape == (2,) and np.isfinite(scores).all()
 
 
+def test_training_continues_from_a_shipped_delta(tmp_path: Path, e5_int8_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # --init-from starts the joint layers, biases and head from a reranker's delta.npz (more
+    # steps for a shipped model) instead of the wheel's layers; a delta of another shape is refused.
+    pytest.importorskip("torch", reason=TORCH_REASON)
+    from service.offline.builder.reranker import load_delta, save_delta
+    from service.offline.training.split import main as split_main
+    from service.offline.training.split_export import load_run
+
+    pack_dir = _pack(tmp_path, e5_int8_dir, monkeypatch)
+    cache = tmp_path / "cache"
+    split_main(["cache", "--pack", str(pack_dir), "--cache", str(cache), "--lower", "10"])
+
+    def train(out: Path, *extra: str) -> dict[str, np.ndarray]:
+        split_main(["train", "--pack", str(pack_dir), "--cache", str(cache), "--out", str(out), "--group", "3",
+                    "--batch-groups", "2", "--final-eval-questions", "2", "--eval-depth", "8", "--fp32",
+                    "--threads", "1", "--epochs", "1", *extra])
+        return load_run(out)[3]
+
+    trained = train(tmp_path / "first", "--lr", "1e-3")
+    delta = save_delta(trained, tmp_path / "delta.npz")
+    # At lr 0 nothing moves: what the continued run saves is exactly the delta it started from.
+    continued = train(tmp_path / "continued", "--lr", "0", "--init-from", str(tmp_path / "delta.npz"))
+    assert set(continued) == set(delta)
+    assert max(float(np.abs(continued[k] - delta[k]).max()) for k in delta) == 0.0
+    fresh = train(tmp_path / "fresh", "--lr", "0")  # without it: the wheel's layers, bias -6
+    assert float(np.abs(fresh["cross_bias"] + 6.0).max()) == 0.0
+    assert float(np.abs(fresh["layers.0.q.weight"] - delta["layers.0.q.weight"]).max()) > 0.0
+    partial = {k: v for k, v in load_delta(tmp_path / "delta.npz").items() if not k.startswith("layers.1.")}
+    np.savez(tmp_path / "one-layer.npz", **partial)  # type: ignore[arg-type]
+    with pytest.raises(SystemExit, match="not a delta of 2 joint layers"):
+        train(tmp_path / "wrong", "--init-from", str(tmp_path / "one-layer.npz"))
+
+
 def test_platt_fit_on_saturated_logits() -> None:
     """Raw reranker logits sit far from 0 (20 x cosine): the fit must not diverge there."""
     from service.offline.training.split_export import fit_platt
