@@ -4,7 +4,6 @@ from a Config. The transport (service.api) wraps an App; tests use it directly t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
@@ -350,8 +349,8 @@ class App:
     async def close(self) -> None:
         if self.latin_backfill is not None:
             self.latin_backfill.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.latin_backfill
+            # Bounded: a stop must not wait on a task stuck in a call that ignores the cancel.
+            await asyncio.wait({self.latin_backfill}, timeout=5.0)
         await self.runner.rerank.states_write_back.drain()
         await self.runtime.close()
         await self.engine.close()

@@ -227,7 +227,11 @@ async def test_the_latin_leg_waits_for_a_node_down_at_start_then_catches_up(
         assert_within(elapsed, DEADLINE)
         await proxy.resume()
         await wait_health(live.channel, SERVING, HEALTH_WAIT_S)
-        progress = await asyncio.wait_for(task, 30)  # its retry, every backfill.RETRY_S
+        # Its retry, every backfill.RETRY_S. asyncio.wait, not wait_for: a task that will not
+        # finish fails here, saying so, instead of waiting on its cancellation.
+        await asyncio.wait({task}, timeout=30)
+        assert task.done(), f"the backfill did not finish within 30 s of the node's return: {live.app.runner.latin_pending!r}"
+        progress = task.result()
         assert progress.done and live.app.runner.latin_pending == ""
         summary = await live.ingest(demo_documents())
         assert summary.documents_indexed == len(DEMO_DOCUMENTS) and not summary.errors, summary
