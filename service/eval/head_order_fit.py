@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         heads = load_heads(path)
         start = weights.get(script, alpha_start)
         base = mean_ndcg(heads, HeadOrder.from_alpha(a.start_alpha), cjk)
-        started = mean_ndcg(heads, HeadOrder({x: start for x in SCRIPTS}), cjk)
+        started = mean_ndcg(heads, HeadOrder({x: start for x in SCRIPTS}), cjk) if start_order is not None else base
         weights[script], fitted = fit_script(heads, start, cjk)
         report[script] = {"train_items": str(path), "queries": len(heads), f"ndcg@10_alpha_{a.start_alpha:g}": round(base, 4),
                           **({"ndcg@10_start_order": round(started, 4)} if start_order is not None else {}),

@@ -96,6 +96,11 @@ def assert_timeout_before_deadline(result: retrieval_pb2.AttemptResult, elapsed:
     assert_within(elapsed, DEADLINE, "the TIMEOUT result")  # a result at all: before the deadline
 
 
+async def assert_serves(live: Live) -> None:
+    """The service answers whole (under SERVING_DEADLINE): before a fault, once it is over."""
+    assert_found(*(await timed_retrieve(live, deadline=SERVING_DEADLINE))[:2])
+
+
 def assert_found(result: retrieval_pb2.AttemptResult, sources: list[str]) -> None:
     assert result.outcome == FOUND, (name(result.outcome), legs_of(result), [leg.detail for leg in result.legs])
     assert not result.degraded and result.engine == "opensearch", (
@@ -126,7 +131,7 @@ async def proxied(proxy: TcpProxy, prefix: str, tmp_path: Path, e5_embedder: Emb
 async def test_hung_node_is_timeout_before_the_deadline_then_recovers_without_restart(
     proxied: Live, proxy: TcpProxy
 ) -> None:
-    assert_found(*(await timed_retrieve(proxied, deadline=SERVING_DEADLINE))[:2])
+    await assert_serves(proxied)
     proxy.blackhole()
     elapsed_all = []
     for query in (QUERY, "如何开具发票"):
@@ -141,8 +146,7 @@ async def test_hung_node_is_timeout_before_the_deadline_then_recovers_without_re
     not_serving_s = await wait_health(proxied.channel, NOT_SERVING, HEALTH_WAIT_S)
     assert await health_status(proxied.channel, "liveness") == SERVING  # readiness only
     await proxy.resume()
-    result, sources, _ = await timed_retrieve(proxied, deadline=SERVING_DEADLINE)
-    assert_found(result, sources)
+    await assert_serves(proxied)
     serving_s = await wait_health(proxied.channel, SERVING, HEALTH_WAIT_S)
     print(f"\n[hung node] TIMEOUT after {', '.join(f'{e:.3f}s' for e in elapsed_all)} "
           f"(deadline {DEADLINE}s); NOT_SERVING after {not_serving_s:.2f}s; SERVING {serving_s:.2f}s after resume")
@@ -161,7 +165,7 @@ async def test_stopped_node_is_backend_error_then_recovers_without_restart(proxi
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "BACKEND_ERROR" in (err.value.details() or "")
     await wait_health(proxied.channel, NOT_SERVING, HEALTH_WAIT_S)
     await proxy.resume()
-    assert_found(*(await timed_retrieve(proxied, deadline=SERVING_DEADLINE))[:2])
+    await assert_serves(proxied)
     serving_s = await wait_health(proxied.channel, SERVING, HEALTH_WAIT_S)
     print(f"\n[stopped node] BACKEND_ERROR after {elapsed:.3f}s; SERVING {serving_s:.2f}s after resume")
 
@@ -197,7 +201,7 @@ async def test_service_starts_while_the_node_is_down_and_serves_once_it_is_back(
         serving_s = await wait_health(live.channel, SERVING, HEALTH_WAIT_S)
         summary = await live.ingest(demo_documents())
         assert summary.documents_indexed == len(DEMO_DOCUMENTS) and not summary.errors, summary
-        assert_found(*(await timed_retrieve(live, deadline=SERVING_DEADLINE))[:2])
+        await assert_serves(live)
         print(f"\n[start while {fault}] server up in {start_s:.2f}s; SERVING {serving_s:.2f}s after the node "
               f"came back; ingest + retrieve {time.monotonic() - resumed:.2f}s after")
     finally:
@@ -265,7 +269,7 @@ async def test_sigstopped_node_is_timeout_before_the_deadline_and_sigcont_recove
         summary = await live.ingest(demo_documents())
         assert summary.documents_indexed == len(DEMO_DOCUMENTS) and not summary.errors, summary
         await wait_health(live.channel, SERVING, HEALTH_WAIT_S)
-        assert_found(*(await timed_retrieve(live, deadline=SERVING_DEADLINE))[:2])
+        await assert_serves(live)
         os.kill(pid, signal.SIGSTOP)
         try:
             elapsed_all = []
@@ -277,7 +281,7 @@ async def test_sigstopped_node_is_timeout_before_the_deadline_and_sigcont_recove
         finally:
             os.kill(pid, signal.SIGCONT)
         serving_s = await wait_health(live.channel, SERVING, 30.0)
-        assert_found(*(await timed_retrieve(live, deadline=SERVING_DEADLINE))[:2])
+        await assert_serves(live)
         print(f"\n[SIGSTOP] TIMEOUT after {', '.join(f'{e:.3f}s' for e in elapsed_all)} (deadline {DEADLINE}s); "
               f"SERVING {serving_s:.2f}s after SIGCONT")
     finally:

@@ -311,11 +311,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         # model whose first run was cut by its budget. A fresh optimizer, warmup and decay.
         from service.offline.builder.reranker import load_delta
 
-        tensors = load_delta(args.init_from)
-        own = model.state_dict()
-        if set(tensors) != set(own) or any(tuple(own[k].shape) != v.shape for k, v in tensors.items()):
-            raise SystemExit(f"--init-from {args.init_from}: not a delta of {args.upper} joint layers of this model")
-        model.load_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()})
+        try:  # strict: torch itself refuses a missing, unexpected or misshapen tensor
+            model.load_state_dict({k: torch.from_numpy(v) for k, v in load_delta(args.init_from).items()})
+        except RuntimeError as exc:
+            raise SystemExit(f"--init-from {args.init_from}: not a delta of {args.upper} joint layers of this model "
+                             f"({exc})") from exc
         _log(f"initialised from {args.init_from} (cross bias mean {float(model.cross_bias.detach().mean()):.2f})")
     groups_per_step = args.batch_groups
     rng = np.random.default_rng(args.seed)
