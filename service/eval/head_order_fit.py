@@ -5,12 +5,14 @@ score any order on other dumps (valid).
     python -m service.eval.head_order_fit fit --train-en EN.items.json --train-zh ZH.items.json \\
         --start-alpha 0.7 --out rerank_order.json
     python -m service.eval.head_order_fit score --order rerank_order.json --items VALID.items.json
+    python -m service.eval.head_order_fit compare --base A.items.json --new B.items.json
 
 Each dump row is a reranked head item with its BM25, dense, fused and rerank scores (the
 server's own values), so the offline order here is the one the server would serve: the
 scoring goes through ``HeadOrder.scores``. The fit is coordinate ascent on mean nDCG@10 from
 the alpha interpolation the gate chose (a few weights, ~1,000 questions per script: no
-model that could memorise them), one weight set per script.
+model that could memorise them), one weight set per script. ``compare`` pairs two eval runs
+of the same questions (another reranker, passage cap, first stage) on the lists as served.
 """
 
 from __future__ import annotations
@@ -67,6 +69,28 @@ def paired_ci(a: list[float], b: list[float], seed: int = 0, rounds: int = 2000)
     return statistics.fmean(diff), means[int(0.025 * rounds)], means[int(0.975 * rounds) - 1]
 
 
+def served_ndcg(path: Path) -> dict[str, float]:
+    """Per question, nDCG@10 of a dump's list in the order the server returned it (every row
+    up to ``runner.CALIBRATION_ITEMS`` is kept in that order, so the top 10 are whole);
+    degraded attempts count with what they returned, as in the eval's own report."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    return {qid: ndcg_at_k([str(column(r, "source_id")) for r in record["items"]], set(record["relevant"]), 10)
+            for qid, record in data.items()}
+
+
+def compare_runs(base: Path, new: Path, seed: int = 0) -> dict[str, float | int]:
+    """``new`` against ``base`` on the questions both dumps hold: their means, the paired
+    difference and its 95 % bootstrap interval."""
+    a, b = served_ndcg(new), served_ndcg(base)
+    common = [q for q in b if q in a]
+    if not common:
+        raise SystemExit(f"compare: {base} and {new} share no question (different --split/--sample/--seed?)")
+    mean, lo, hi = paired_ci([a[q] for q in common], [b[q] for q in common], seed=seed)
+    return {"questions": len(common), "only_base": len(b) - len(common), "only_new": len(a) - len(common),
+            "base": statistics.fmean(b[q] for q in common), "new": statistics.fmean(a[q] for q in common),
+            "diff": mean, "ci_low": lo, "ci_high": hi}
+
+
 def fit_script(heads: list[Head], start: dict[str, float], cjk: bool, rounds: int = 6) -> tuple[dict[str, float], float]:
     """Coordinate ascent from ``start`` over every feature's weight (steps ``STEPS``); keeps a
     move only when it raises the mean by more than 1e-6."""
@@ -113,7 +137,18 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--cjk", action="store_true", help="score with the Han-script weights")
     s.add_argument("--against-alpha", type=float, default=None,
                    help="also print the paired difference to this alpha with a 95 %% bootstrap interval")
+    c = sub.add_parser("compare", help="paired nDCG@10 difference between two eval runs of the same questions")
+    c.add_argument("--base", type=Path, required=True, help="item dump of the run to compare against")
+    c.add_argument("--new", type=Path, required=True, help="item dump of the run being measured")
+    c.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     a = p.parse_args(argv)
+    if a.cmd == "compare":
+        r = compare_runs(a.base, a.new, a.seed)
+        print(f"{r['questions']} questions in both (only in base {r['only_base']}, only in new {r['only_new']}): "
+              f"nDCG@10 {r['base']:.4f} -> {r['new']:.4f}, {r['diff']:+.4f} "
+              f"(95 % paired bootstrap {r['ci_low']:+.4f}..{r['ci_high']:+.4f})")
+        print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}))
+        return 0
     if a.cmd == "score":
         if (a.order is None) == (a.alpha is None):
             p.error("give exactly one of --order and --alpha")

@@ -109,3 +109,27 @@ def test_gate_records_the_served_order(tmp_path: Path) -> None:
     assert gate["head_order_sha256"] == sha and not gate["passed"] and "valid zh" in gate["reason"]
     gate = update_gate(d, "zh", 0.27, _sweep({"0.7": 0.28}), head_order=(sha, 0.291), **kw)
     assert gate["passed"] and json.loads((d / GATE_FILE).read_text())["languages"]["zh"]["gain"] == 0.021
+
+
+def test_compare_pairs_two_runs_on_their_common_questions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Two runs of the same questions: "new" puts the judged answer first in q0 and q1, "base"
+    # only in q0; a question only one run asked is left out of the pairing.
+    def run(path: Path, first: dict[str, bool], extra: str = "") -> Path:
+        records: dict[str, Any] = {}
+        for q, hit_first in first.items():
+            ids = [f"{q}-a", f"{q}-b", f"{q}-c"] if hit_first else [f"{q}-b", f"{q}-c", f"{q}-a"]
+            records[q] = {"degraded": False, "relevant": [f"{q}-a"], "items": [[i, 1.0, 0.8, 0.01, None, 0.1] for i in ids]}
+        if extra:
+            records[extra] = {"degraded": False, "relevant": ["z"], "items": [["z", 1, 1, 1, None, 1]]}
+        path.write_text(json.dumps(records))
+        return path
+
+    base = run(tmp_path / "base.json", {"q0": True, "q1": False}, extra="only-base")
+    new = run(tmp_path / "new.json", {"q0": True, "q1": True})
+    assert main(["compare", "--base", str(base), "--new", str(new)]) == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (r["questions"], r["only_base"], r["only_new"]) == (2, 1, 0)
+    assert r["new"] == 1.0 and r["base"] == pytest.approx((1.0 + 0.5) / 2, abs=1e-4)  # 1/log2(4) at rank 3
+    assert r["diff"] == pytest.approx(0.25, abs=1e-4) and r["ci_low"] <= r["diff"] <= r["ci_high"]
+    with pytest.raises(SystemExit, match="share no question"):
+        main(["compare", "--base", str(run(tmp_path / "other.json", {"x9": True})), "--new", str(new)])
