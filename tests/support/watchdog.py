@@ -38,7 +38,11 @@ def dump_everything(title: str) -> None:
             tasks = list(asyncio.all_tasks(loop))
         print(f"--- event loop {loop!r}: {len(tasks)} tasks", file=err, flush=True)
         for task in tasks:
-            task.print_stack(limit=12, file=err)
+            try:
+                task.print_stack(limit=12, file=err)
+            except Exception as exc:  # noqa: BLE001 - a frame the loop is running changes under us
+                # (linecache then gets lineno None): report it and go on to the other tasks.
+                print(f"{task!r}: stack not readable from this thread ({exc!r})", file=err, flush=True)
     print("===== watchdog: end =====", file=err, flush=True)
 
 
