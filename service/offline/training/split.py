@@ -103,6 +103,9 @@ def lower_session(src: Any, n_lower: int, threads: int, int8: bool = False) -> A
         path = qpath
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
+    # The served sessions' exact int8 kernels on CPUs without VNNI (service/models/_ort.py):
+    # the cached states must be the ones serving computes.
+    opts.add_session_config_entry("session.x64quantprecision", "1")
     return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
 
 
