@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import onnxruntime as ort
 from tokenizers import Encoding, Tokenizer
 
 IntArray = npt.NDArray[np.int64]
+log = logging.getLogger(__name__)
 
 
 def make_session(model_path: Path, threads: int) -> Any:
@@ -29,7 +31,22 @@ def make_session(model_path: Path, threads: int) -> Any:
     # the shipped gates and calibrations were measured on (a demo answer fell under the rerank
     # gate on an AVX2 EPYC). This runs the exact u8u8 kernels instead; a no-op with VNNI.
     opts.add_session_config_entry("session.x64quantprecision", "1")
-    return ort.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
+    try:
+        return ort.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own Fail type
+        # Its weight rewrite for those kernels refuses a graph whose two paths share weights
+        # (the split reranker's one-graph model.onnx, on AVX2): that graph keeps the fast
+        # kernels rather than not loading. Known gap: its logits then differ from the cut
+        # graphs' there (tests/unit/models/test_passage_states.py fails on AVX2).
+        log.warning("%s: exact int8 kernels unavailable (%s); using the fast ones", model_path.name,
+                    str(exc).splitlines()[0][:200])
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        return ort.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
 
 
 def batch_invariant(model_path: Path) -> bool:
