@@ -34,19 +34,31 @@ def make_session(model_path: Path, threads: int) -> Any:
     try:
         return ort.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own Fail type
-        # Its weight rewrite for those kernels refuses a graph whose two paths share weights
-        # (the split reranker's one-graph model.onnx, on AVX2): that graph keeps the fast
-        # kernels rather than not loading. Known gap: its logits then differ from the cut
-        # graphs' there (tests/unit/models/test_passage_states.py fails on AVX2).
-        log.warning("%s: exact int8 kernels unavailable (%s); using the fast ones", model_path.name,
-                    str(exc).splitlines()[0][:200])
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        return ort.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
+        # Its weight rewrite for those kernels refuses an int8 weight that two nodes share
+        # (the split reranker's one-graph model.onnx: its query and passage paths run the
+        # same lower layers): give each use its own copy, in memory; the file is unchanged.
+        log.info("%s: %s; loading with unshared int8 weights", model_path.name, str(exc).splitlines()[0][:160])
+        return ort.InferenceSession(_unshared_int8_weights(model_path), sess_options=opts,
+                                    providers=["CPUExecutionProvider"])
+
+
+def _unshared_int8_weights(model_path: Path) -> bytes:
+    model = onnx.load(str(model_path))
+    graph = model.graph
+    int8 = {t.name: t for t in graph.initializer if t.data_type == onnx.TensorProto.INT8}
+    seen: dict[str, int] = {}
+    for node in graph.node:
+        for k, name in enumerate(node.input):
+            if name not in int8:
+                continue
+            seen[name] = seen.get(name, 0) + 1
+            if seen[name] > 1:
+                copy = onnx.TensorProto()
+                copy.CopyFrom(int8[name])
+                copy.name = f"{name}__use{seen[name]}"
+                graph.initializer.append(copy)
+                node.input[k] = copy.name
+    return model.SerializeToString()
 
 
 def batch_invariant(model_path: Path) -> bool:
