@@ -32,6 +32,7 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
+from service.models._ort import make_session
 from service.models.base import pad_rows
 from service.offline.training.data import Pack, Ragged, load_pack, ndcg10_from_order
 from service.pipeline.fusion import INTERPOLATION_ALPHAS as ALPHAS
@@ -81,7 +82,6 @@ def lower_session(src: Any, n_lower: int, threads: int, int8: bool = False) -> A
     ``int8``: quantised per channel like the shipped int8 graph (the states serving computes,
     and ~2x faster to cache)."""
     import onnx
-    import onnxruntime as ort
 
     from service.offline.builder.bert_graph import GraphOptions, build_bert_graph
     from service.offline.builder.q4bin import BertConfig, BertWeights
@@ -101,12 +101,9 @@ def lower_session(src: Any, n_lower: int, threads: int, int8: bool = False) -> A
         quantize_dynamic(str(path), str(qpath), op_types_to_quantize=["MatMul"], per_channel=True,
                          weight_type=QuantType.QInt8, extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
         path = qpath
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    # The served sessions' exact int8 kernels on CPUs without VNNI (service/models/_ort.py):
-    # the cached states must be the ones serving computes.
-    opts.add_session_config_entry("session.x64quantprecision", "1")
-    return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+    # Serving's session setup (exact int8 kernels on CPUs without VNNI included): the cached
+    # states must be the ones serving computes.
+    return make_session(path, threads)
 
 
 def encode_states(session: Any, seqs: list[npt.NDArray[np.int64]], pad_id: int, batch: int = 64,
