@@ -32,7 +32,6 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from service.models._ort import make_session
 from service.models.base import pad_rows
 from service.offline.training.data import Pack, Ragged, load_pack, ndcg10_from_order
 from service.pipeline.fusion import INTERPOLATION_ALPHAS as ALPHAS
@@ -102,7 +101,10 @@ def lower_session(src: Any, n_lower: int, threads: int, int8: bool = False) -> A
                          weight_type=QuantType.QInt8, extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
         path = qpath
     # Serving's session setup (exact int8 kernels on CPUs without VNNI included): the cached
-    # states must be the ones serving computes.
+    # states must be the ones serving computes. Imported here: the trainer itself (on a GPU
+    # box) never loads onnxruntime.
+    from service.models._ort import make_session
+
     return make_session(path, threads)
 
 
@@ -281,6 +283,45 @@ def evaluate(model: Any, pack: Pack, states: dict[str, LangStates], questions: i
     return res
 
 
+TeacherTable = dict[str, dict[tuple[int, int], float]]
+
+
+def _load_teacher(args: argparse.Namespace, pack: Pack) -> TeacherTable | None:
+    """The joint cross-encoder's logits per (lang, train question, passage), or None (no ``--teacher``)."""
+    if args.teacher is None:
+        return None
+    from service.offline.training.teacher import load_teacher
+
+    meta, table = load_teacher(args.teacher)
+    missing = [lang for lang in pack.langs if lang not in table]
+    if missing:
+        raise SystemExit(f"--teacher {args.teacher}: no scores for {missing} (it has {sorted(table)})")
+    same = meta.get("pack_data_sha256") == pack.manifest["files"]["data.npz"]["sha256"]
+    _log(f"teacher {args.teacher}: {meta.get('layers')} layers, {sum(len(t) for t in table.values())} pairs, "
+         f"{'this pack' if same else 'another pack (looked up by passage; a group with an unscored pair learns from its label alone)'}")
+    return table
+
+
+def distill_loss(logits: Any, teacher: TeacherTable, batch: list[tuple[str, int]], group_docs: list[list[int]],
+                 temp: float) -> Any:
+    """Listwise distillation: KL(softmax(teacher / T) || softmax(student / T)) * T^2, averaged
+    over the groups whose every pair the teacher scored (the others add nothing)."""
+    import torch
+
+    rows, targets = [], []
+    for r, ((lang, qi), docs) in enumerate(zip(batch, group_docs)):
+        t = [teacher[lang].get((qi, x)) for x in docs]
+        if all(v is not None for v in t):
+            rows.append(r)
+            targets.append(t)
+    if not rows:
+        return logits.sum() * 0.0
+    target = torch.log_softmax(torch.tensor(targets, dtype=torch.float32) / temp, dim=-1)
+    student = torch.log_softmax(logits[rows] / temp, dim=-1)
+    kl = torch.nn.functional.kl_div(student, target, log_target=True, reduction="batchmean")
+    return kl * temp * temp
+
+
 def train(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
@@ -317,6 +358,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit(f"--init-from {args.init_from}: not a delta of {args.upper} joint layers of this model "
                              f"({exc})") from exc
         _log(f"initialised from {args.init_from} (cross bias mean {float(model.cross_bias.detach().mean()):.2f})")
+    teacher = _load_teacher(args, pack)
     groups_per_step = args.batch_groups
     rng = np.random.default_rng(args.seed)
     # Every (lang, question) with a positive and negatives, shuffled per epoch.
@@ -376,14 +418,18 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         batch = [items[i] for i in order[cursor : cursor + groups_per_step]]
         cursor += groups_per_step
         qs, ps = [], []
+        group_docs: list[list[int]] = []
         for lang, qi in batch:
             d = pack.langs[lang]
             neg = d.train_neg[qi]
             docs = [int(rng.choice(d.train_pos[qi]))] + [int(x) for x in rng.choice(neg, size=args.group - 1, replace=len(neg) < args.group - 1)]
+            group_docs.append(docs)
             qs += [states[lang].train_q[qi]] * len(docs)
             ps += [states[lang].docs[x] for x in docs]
         logits = forward_pairs(model, qs, ps, args.micro, not args.fp32).view(len(batch), args.group)
         loss = torch.nn.functional.cross_entropy(logits, torch.zeros(len(batch), dtype=torch.long))
+        if teacher is not None:
+            loss = (1.0 - args.distill) * loss + args.distill * distill_loss(logits, teacher, batch, group_docs, args.distill_temp)
         optimizer_step(model, opt, loss)
         step += 1
         train_seconds += time.perf_counter() - t0
@@ -457,6 +503,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="joint layers start from the wheel's e5 layers or the domain-adapted embedder's")
     p.add_argument("--init-from", type=Path, default=None,
                    help="start from a shipped reranker's delta.npz (continued training; overrides --init-upper)")
+    p.add_argument("--teacher", type=Path, default=None,
+                   help="teacher.npz (service.offline.training.teacher): distil the joint cross-encoder's list scores")
+    p.add_argument("--distill", type=float, default=0.5, help="weight of the distillation term (with --teacher)")
+    p.add_argument("--distill-temp", type=float, default=1.0, help="softmax temperature of the distillation term")
     p.add_argument("--eval-every", type=int, default=600)
     p.add_argument("--eval-start", action="store_true")
     p.add_argument("--eval-questions", type=int, default=100)

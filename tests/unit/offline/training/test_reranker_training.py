@@ -47,7 +47,7 @@ def test_compact_backbone_roundtrips_through_q4bin(tmp_path: Path) -> None:
 def test_training_path_imports_stay_light() -> None:
     pytest.importorskip("torch", reason=TORCH_REASON)
     code = ("import sys, service.offline.training.train, service.offline.training.model, service.offline.training.data\n"
-            "import service.offline.training.split\n"
+            "import service.offline.training.split, service.offline.training.teacher\n"
             "bad = [m for m in sys.modules if m.startswith(('grpc', 'onnxruntime', 'service.eval'))]\n"
             "assert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[4])
@@ -109,6 +109,30 @@ def test_tiny_pack_train_resume_export(tmp_path: Path, e5_int8_dir: Path, monkey
         runner = load_cross_encoder(model_dir, threads=2)
         scores = runner.infer(runner.tokenize(SAMPLE_PAIRS))
         assert scores.shape == (len(SAMPLE_PAIRS),) and np.isfinite(scores).all()
+
+    # Teacher scores (distillation targets): every train pair, positives first, each the
+    # trained model's own logit for that pair.
+    import torch
+
+    from service.offline.builder.q4bin import read_e5_bin as read_bin
+    from service.offline.training.export import build_torch, load_weights
+    from service.offline.training.teacher import load_teacher, question_pairs
+    from service.offline.training.teacher import run as score_teacher
+
+    meta = score_teacher(pack_dir, out, tmp_path / "teacher.npz", "cpu", None)
+    _, table = load_teacher(tmp_path / "teacher.npz")
+    index_w, tensors = load_weights(out)
+    model = build_torch(index_w, tensors, read_bin(pack_dir / "backbone.e5s1"))
+    for lang in ("en", "zh"):
+        d = pack.langs[lang]
+        off, docs = question_pairs(pack, lang)
+        assert meta["report"][lang]["scored"] == 10 and len(table[lang]) == int(off[-1])
+        assert docs[off[3]] in d.train_pos[3].tolist()  # positives first
+        q, x = 3, int(docs[off[3 + 1] - 1])
+        ids = torch.from_numpy(pair_ids(d.train_q[q], d.docs[x], 64, pack.bos, pack.eos)[None])
+        with torch.no_grad():
+            want = float(model(ids, torch.ones_like(ids))[0])
+        assert abs(table[lang][(q, x)] - want) < 2e-2 * max(1.0, abs(want))  # stored as fp16
 
     # Training lays pairs out exactly like the serving runner (template and truncation).
     runner = load_cross_encoder(tmp_path / "models" / "tiny-reranker-fp32")

@@ -126,6 +126,26 @@ def test_training_continues_from_a_shipped_delta(tmp_path: Path, e5_int8_dir: Pa
         train(tmp_path / "wrong", "--init-from", str(tmp_path / "one-layer.npz"))
 
 
+def test_distillation_term_follows_the_teacher_and_skips_unscored_groups() -> None:
+    pytest.importorskip("torch", reason=TORCH_REASON)
+    import torch
+
+    from service.offline.training.split import distill_loss
+
+    teacher = {"en": {(0, 5): 3.0, (0, 6): 1.0, (0, 7): -2.0, (1, 5): 0.0}}
+    batch, docs = [("en", 0), ("en", 1)], [[5, 6, 7], [5, 6, 7]]  # question 1: two pairs unscored
+    same = torch.tensor([[3.0, 1.0, -2.0], [9.0, -9.0, 0.0]], requires_grad=True)
+    assert float(distill_loss(same, teacher, batch, docs, 1.0)) == pytest.approx(0.0, abs=1e-6)
+    flipped = torch.tensor([[-2.0, 1.0, 3.0], [0.0, 0.0, 0.0]], requires_grad=True)
+    loss = distill_loss(flipped, teacher, batch, docs, 1.0)
+    assert float(loss) > 1.0
+    loss.backward()
+    assert flipped.grad is not None and float(flipped.grad[1].abs().sum()) == 0.0  # the unscored group adds nothing
+    assert float(flipped.grad[0, 0]) < 0.0  # pushes the teacher's favourite up
+    none = distill_loss(flipped, teacher, [("en", 1)], [[5, 6, 7]], 1.0)
+    assert float(none) == 0.0
+
+
 def test_platt_fit_on_saturated_logits() -> None:
     """Raw reranker logits sit far from 0 (20 x cosine): the fit must not diverge there."""
     from service.offline.training.split_export import fit_platt
