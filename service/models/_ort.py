@@ -31,9 +31,14 @@ def make_session(model_path: Path, threads: int) -> Any:
     # the shipped gates and calibrations were measured on (a demo answer fell under the rerank
     # gate on an AVX2 EPYC). This runs the exact u8u8 kernels instead; a no-op with VNNI.
     opts.add_session_config_entry("session.x64quantprecision", "1")
+    # The first try keeps onnxruntime's own log quiet: a refusal below is expected on such
+    # CPUs and handled; the retry logs at the normal level, so a real fault still speaks.
+    severity = opts.log_severity_level
+    opts.log_severity_level = 4
     try:
         return ort.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own Fail type
+        opts.log_severity_level = severity
         # Its weight rewrite for those kernels refuses an int8 weight that two nodes share
         # (the split reranker's one-graph model.onnx: its query and passage paths run the
         # same lower layers): give each use its own copy, in memory; the file is unchanged.
