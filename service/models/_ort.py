@@ -16,16 +16,22 @@ IntArray = npt.NDArray[np.int64]
 log = logging.getLogger(__name__)
 
 
-def make_session(model_path: Path, threads: int) -> Any:
+def session_options(threads: int) -> Any:
     """``threads`` intra-op threads, no inter-op pool, and no spin-waiting: the executor
-    pool runs several calls at once on few cores, and spinning threads would steal them.
-    ``InferenceSession.run`` is thread-safe, so one session serves every pool thread."""
+    pool runs several calls at once on few cores, and spinning threads would steal them."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return opts
+
+
+def make_session(model_path: Path, threads: int) -> Any:
+    """Serving's session: ``session_options`` plus exact int8 kernels.
+    ``InferenceSession.run`` is thread-safe, so one session serves every pool thread."""
+    opts = session_options(threads)
     # x86 CPUs without VNNI (AVX2, AVX-512 without VNNI) overflow int16 in onnxruntime's fast
     # u8s8 int8 matmul, so the int8 models score differently there than on the VNNI machines
     # the shipped gates and calibrations were measured on (a demo answer fell under the rerank

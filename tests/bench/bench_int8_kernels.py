@@ -25,18 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
-from service.models._ort import _unshared_int8_weights, make_session  # noqa: E402
+from service.models._ort import _unshared_int8_weights, make_session, session_options  # noqa: E402
 from service.offline.builder import default_models_dir  # noqa: E402
 
 
 def fast_session(path: Path, threads: int) -> Any:
     """``make_session``'s options without the exact-kernel entry."""
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts = session_options(threads)
     try:
         return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
     except Exception:  # noqa: BLE001 - same fallback as serving, for a like-for-like graph
