@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from service.eval.datasets import Judged, Lang, Split
 
 
 def _csv(value: str) -> tuple[str, ...]:
@@ -54,6 +59,9 @@ def add_eval_parser(sub: Any) -> None:
     e.add_argument("--calibration-sample", type=int, default=0,
                    help="also run N train questions on the same server and save their item signals "
                         "for quality calibration (python -m service.eval.calibration fit)")
+    e.add_argument("--calibration-split", choices=("train", "valid"), default="train",
+                   help="where the calibration questions come from; never a question this run measures "
+                        "(valid: a reranker trained on every train question is over-familiar with train)")
     e.add_argument("--off-domain", action="store_true",
                    help="also run the shipped off-domain training questions (service/eval/data, en + zh, "
                         "plus seeded gibberish) on the same server and save their item signals: the "
@@ -63,6 +71,18 @@ def add_eval_parser(sub: Any) -> None:
     e.add_argument("--no-plots", action="store_true")
     e.add_argument("--quiet", action="store_true")
     e.set_defaults(fn=cmd_eval)
+
+
+def calibration_questions(split: Split, lang: Lang, n: int, seed: int, exclude: Collection[str] = ()) -> Judged:
+    """``n`` seeded InsuranceQA questions of ``split`` to fit a quality calibration on, none of
+    them in ``exclude`` (the run's measured questions of the same split). The splits share one
+    answer pool, so they run over the same corpus."""
+    from service.eval.datasets import load_insuranceqa
+
+    pool = load_insuranceqa(split, lang)
+    if exclude:
+        pool = dataclasses.replace(pool, queries={q: t for q, t in pool.queries.items() if q not in exclude})
+    return pool.sample(n, seed)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -88,8 +108,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if args.judgements or args.corpus_sample is not None:
             print("error: --calibration-sample needs InsuranceQA on its full corpus", file=sys.stderr)
             return 2
-        # Train questions over the same corpus (InsuranceQA's splits share one answer pool).
-        calibration = load_insuranceqa("train", args.lang).sample(args.calibration_sample, args.seed)
+        measured = judged.queries if args.calibration_split == args.split else ()
+        calibration = calibration_questions(args.calibration_split, args.lang, args.calibration_sample, args.seed,
+                                            exclude=measured)
     off_domain = None
     if args.off_domain:
         from service.eval.answerability import off_domain_training

@@ -163,3 +163,19 @@ def test_markdown_table_reports_skips() -> None:
     ])
     assert "| (any) | bm25 | 0.5000 | 1.0000 | 0.2500 | 0.3000 | 1.0 | 2.0 |  |" in table
     assert "skipped: no reranker given" in table
+
+
+def test_calibration_questions_never_include_a_measured_question(monkeypatch: pytest.MonkeyPatch) -> None:
+    from service.eval import cli, datasets
+
+    pool = Judged(name="valid-en", corpus={f"d{i}": f"answer {i}" for i in range(20)},
+                  queries={f"q{i}": f"question {i}" for i in range(20)},
+                  qrels={f"q{i}": {f"d{i}"} for i in range(20)}, negatives={})
+    monkeypatch.setattr(datasets, "load_insuranceqa", lambda split, lang: pool)
+    measured = pool.sample(12, seed=0)
+    picked = cli.calibration_questions("valid", "en", 8, 0, exclude=measured.queries)
+    assert len(picked.queries) == 8 and not set(picked.queries) & set(measured.queries)
+    assert picked.qrels == {q: pool.qrels[q] for q in picked.queries}
+    assert picked.corpus is pool.corpus  # the splits share one answer pool
+    # Nothing excluded: the seeded sample the train-split fits were made from, unchanged.
+    assert cli.calibration_questions("train", "en", 8, 0).queries == pool.sample(8, 0).queries
