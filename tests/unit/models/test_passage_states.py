@@ -186,18 +186,21 @@ def test_shipped_reranker_cut_matches_the_one_graph(models_dir: Path) -> None:
         enc.extra["stored"], enc.extra["missing"] = {0: ce._lower_states(ce._passage_rows([pair[1]]))[0]}, []
         np.testing.assert_allclose(ce.infer(enc), ce.infer(ce.tokenize([pair])), atol=1e-3)
     # A whole head in length groups moves logits as much as the one graph's batch company
-    # already does (measured on 600 valid pairs: mean |d| 0.15, max 0.77, signed mean -0.02:
-    # README), and the int8 codec adds little to that (mean 0.05).
+    # already does, and the int8 codec adds little to that. Measured with
+    # tests/bench/rerank_drift.py on 553 valid pairs per language (README "Cached passage
+    # states"), the shipped (continued) reranker, int8 states: mean |d| 0.18 / 0.19, max
+    # 1.07 / 0.86 (en / zh); the reranker before it 0.14 / 0.11, max 0.62 / 0.50.
     whole = ce.infer(ce.tokenize(one_query))
     stored = ce.infer(ce.tokenize_with_states(one_query, ce.passage_states(passages)))
-    assert np.abs(stored - whole).max() < 0.8
-    # Compact (96-dim PCA) states: about a quarter of the bytes; logits move more (measured up to
-    # ~1.0, mostly down by ~0.5: README), so they are opt-in and keyed apart.
+    assert np.abs(stored - whole).max() < 1.2
+    # Compact (96-dim PCA) states: about a quarter of the bytes; logits move more (same
+    # measurement: mean |d| 0.36 / 0.34, max 1.35 / 1.66; the reranker before it max 1.40 /
+    # 1.78; this test's long repetitive passage moves 1.92), so they are opt-in and keyed apart.
     compact = OnnxCrossEncoder(model_dir, compact_states=True)
     assert compact.states_key and compact.states_key != ce.states_key
     small, full = compact.passage_states(passages), ce.passage_states(passages)
     assert all(3.9 * len(a) < len(b) for a, b in zip(small, full))  # 98 vs 386 bytes a token
-    assert np.abs(compact.infer(compact.tokenize_with_states(one_query, small)) - whole).max() < 1.5
+    assert np.abs(compact.infer(compact.tokenize_with_states(one_query, small)) - whole).max() < 2.5
     # Several queries in one batch: each distinct query's lower layers run once (not once
     # per pair); each pair still scores as it does alone.
     mixed = ce.infer(ce.tokenize_with_states(PAIRS, ce.passage_states([p for _, p in PAIRS])))
