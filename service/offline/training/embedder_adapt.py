@@ -182,12 +182,16 @@ def make_upper(lower: int, dropout: float) -> Any:
     return model
 
 
-def encode(model: Any, rag: Ragged, idx: npt.NDArray[np.int64] | list[int], micro: int = 32, bf16: bool = True,
+def encode(model: Any, rag: Ragged, idx: npt.NDArray[np.int64] | list[int], micro: int = 32, bf16: bool | None = None,
            grad: bool = False) -> Any:
-    """Vectors [len(idx), hidden] in ``idx`` order, micro-batches of similar length."""
+    """Vectors [len(idx), hidden] in ``idx`` order, micro-batches of similar length. ``bf16``
+    None: autocast only where the CPU runs bf16 natively (``split.bf16_native``)."""
     import torch
 
-    from service.offline.training.split import pad_states
+    from service.offline.training.split import bf16_native, pad_states
+
+    if bf16 is None:
+        bf16 = bf16_native()
 
     idx = np.asarray(idx, dtype=np.int64)
     lens = rag.lengths()[idx]

@@ -470,7 +470,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     _log(f"final eval: {json.dumps(final)}")
     emit("final_eval", result=final)
     save_weights(model, args.out, {"layout": layout.__dict__, "upper": args.upper, "steps": step,
-                                   "train_seconds": round(train_seconds, 1), "args": {k: str(v) for k, v in vars(args).items()},
+                                   "train_seconds": round(train_seconds, 1), "precision": "bf16" if bf16 else "fp32",
+                                   "args": {k: str(v) for k, v in vars(args).items()},
                                    "final_eval": final})
     return {"steps": step, "final_eval": final, "train_seconds": train_seconds}
 

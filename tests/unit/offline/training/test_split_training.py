@@ -70,6 +70,7 @@ def test_split_cache_train_resume_export_serve(tmp_path: Path, e5_int8_dir: Path
     split_main(common + ["--epochs", "1"])  # 7 train questions // 2 per step = 3 steps
     first = json.loads((out / "split-weights.json").read_text())
     assert first["steps"] == 3
+    assert first["precision"] == "fp32"  # the precision that ran, not only the flags asked for
     split_main(common + ["--epochs", "2", "--resume"])
     second = json.loads((out / "split-weights.json").read_text())
     assert second["steps"] == 6  # continued from the checkpoint, not from scratch
