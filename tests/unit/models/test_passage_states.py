@@ -208,6 +208,36 @@ def test_shipped_reranker_cut_matches_the_one_graph(models_dir: Path) -> None:
     assert np.abs(mixed - alone).max() < 0.8
 
 
+def test_the_one_graph_unshares_only_its_matmul_weights(models_dir: Path) -> None:
+    """The exact int8 kernels' weight rewrite refuses an int8 weight two matmuls share (the
+    one graph's query and passage paths run the same lower layers): loading gives each
+    ``MatMulInteger`` its own copy, and only those; the 96 MB word embedding stays one."""
+    from collections import Counter
+
+    import onnx
+    import onnxruntime as ort
+
+    from service.models._ort import _unshared_int8_weights, session_options
+
+    path = models_dir / "e5-small-split-reranker-int8" / MODEL_FILE
+
+    def int8_uses(model: onnx.ModelProto) -> tuple[Counter[tuple[str, str]], set[str]]:
+        int8 = {t.name for t in model.graph.initializer if t.data_type == onnx.TensorProto.INT8}
+        return Counter((n.op_type, x) for n in model.graph.node for x in n.input if x in int8), int8
+
+    before, int8_before = int8_uses(onnx.load(str(path), load_external_data=False))
+    data = _unshared_int8_weights(path)
+    after, int8_after = int8_uses(onnx.load_from_string(data))
+    assert any(n > 1 for (op, _), n in before.items() if op == "MatMulInteger")  # the file shares them
+    assert all(n == 1 for (op, _), n in after.items() if op == "MatMulInteger")
+    gathers = {k: n for k, n in after.items() if k[0] == "Gather"}
+    assert gathers == {k: n for k, n in before.items() if k[0] == "Gather"} and max(gathers.values()) == 2
+    assert len(int8_after) > len(int8_before)
+    opts = session_options(1)
+    opts.add_session_config_entry("session.x64quantprecision", "1")
+    ort.InferenceSession(data, sess_options=opts, providers=["CPUExecutionProvider"])
+
+
 def test_states_off_means_no_states_key_and_no_states_batcher(tiny_split: OnnxCrossEncoder) -> None:
     """``rerank_states = false``: ingest computes none and the rerank stage reads none."""
     from service.models.dummy import HashEmbedder
