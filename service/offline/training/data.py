@@ -8,6 +8,7 @@ tokenizer's pair template: ``<s> q </s> </s> p </s>``, type ids all 0, the query
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,20 @@ def pair_len(q_len: int, p_len: int, max_len: int) -> int:
 def pad(seqs: list[I64], pad_id: int, multiple: int = 8) -> tuple[I64, I64]:
     """[n, width] ids and attention mask (width rounded up to ``multiple``)."""
     return pad_rows(seqs, pad_id, multiple)
+
+
+def token_batches(order: Sequence[int], widths: Sequence[int], budget: int) -> Iterator[list[int]]:
+    """Consecutive runs of ``order`` whose rows x widest width stay within ``budget`` tokens
+    (a single row may exceed it alone). Sized on the widest row of the run, so an order that
+    is not sorted by width (blocks of questions, each sorted) never overruns the budget."""
+    i = 0
+    while i < len(order):
+        n = max(1, budget // max(1, widths[order[i]]))
+        idx = list(order[i : i + n])
+        while len(idx) > 1 and len(idx) * max(widths[j] for j in idx) > budget:
+            idx = idx[: max(1, len(idx) // 2)]
+        yield idx
+        i += len(idx)
 
 
 @dataclass

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from service.offline.training.data import Pack, load_pack, pad, pair_ids
+from service.offline.training.data import Pack, load_pack, pad, pair_ids, token_batches
 from service.offline.training.pack import BACKBONE_FILE
 
 TOKENS_PER_BATCH_CUDA = 131072
@@ -73,20 +73,12 @@ def score(model: Any, pack: Pack, lang: str, off: npt.NDArray[np.int64], doc: np
             for qi in range(start, stop):
                 q = d.train_q[qi]
                 seqs += [pair_ids(q, d.docs[int(x)], max_len, pack.bos, pack.eos) for x in doc[off[qi] : off[qi + 1]]]
-            order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
-            i = 0
-            while i < len(order):
-                n = max(1, per_batch // max(1, len(seqs[order[i]])))
-                idx = order[i : i + n]
-                # Sorted ascending, so the last row is the widest: size the batch on it.
-                while n > 1 and n * len(seqs[idx[-1]]) > per_batch:
-                    n = max(1, n // 2)
-                    idx = order[i : i + n]
+            widths = [len(x) for x in seqs]
+            base = int(off[start])
+            for idx in token_batches(sorted(range(len(seqs)), key=widths.__getitem__), widths, per_batch):
                 ids, mask = pad([seqs[j] for j in idx], pack.pad)
                 logits = model(torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)).float().cpu().numpy()
-                base = int(off[start])
                 out[[base + j for j in idx]] = logits.astype(np.float16)
-                i += len(idx)
             done = stop
     return out, done
 

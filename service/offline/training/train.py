@@ -45,6 +45,7 @@ from service.offline.training.data import (
     ndcg10_from_order,
     pad,
     pair_ids,
+    token_batches,
 )
 from service.offline.training.pack import BACKBONE_FILE
 
@@ -165,21 +166,17 @@ def evaluate(model: Any, pack: Pack, args: argparse.Namespace, device: Any, dead
         # Score question by question (in length-sorted batches) so a deadline can cut cleanly.
         scores = np.full(d.valid_cand[:nq].shape, -np.inf, dtype=np.float32)
         order = sorted(range(len(seqs)), key=lambda i: (where[i][0] // EVAL_BLOCK, len(seqs[i])))
+        widths = [len(x) for x in seqs]
         done_q = nq
-        i = 0
         with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=_amp(args, device)):
-            while i < len(order):
+            for idx in token_batches(order, widths, tokens_per_batch):
                 if deadline is not None and time.monotonic() > deadline:
-                    done_q = where[order[i]][0] // EVAL_BLOCK * EVAL_BLOCK
+                    done_q = where[idx[0]][0] // EVAL_BLOCK * EVAL_BLOCK
                     break
-                width = len(seqs[order[i]])
-                n = max(1, tokens_per_batch // max(width, 1))
-                idx = order[i : i + n]
                 ids, mask = pad([seqs[j] for j in idx], pack.pad)
                 logits = model(torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)).float().cpu().numpy()
                 for j, s in zip(idx, logits):
                     scores[where[j]] = s
-                i += n
         done_q = min(done_q, nq)
         if done_q == 0:
             out[lang] = {"questions": 0, "note": "no time left to evaluate"}

@@ -145,3 +145,20 @@ def test_tiny_pack_train_resume_export(tmp_path: Path, e5_int8_dir: Path, monkey
         mine = pair_ids(qi, pi, 64, bos, eos)
         n = int(enc.attention_mask[row].sum())
         np.testing.assert_array_equal(mine, enc.input_ids[row, :n])
+
+
+def test_token_batches_keep_every_row_once_and_within_the_budget() -> None:
+    """The batching the teacher's scoring and the trainer's evaluation share: sized on the
+    widest row of each run, so blocks of width-sorted rows (evaluation's order) never overrun
+    the budget, as sizing on the first row did."""
+    from service.offline.training.data import token_batches
+
+    widths = [10, 40, 12, 12, 90, 30, 30, 200, 8]
+    blocks = [[0, 2, 3, 1], [8, 5, 6, 4, 7]]  # two question blocks, each sorted by width
+    order = [i for b in blocks for i in b]
+    batches = list(token_batches(order, widths, 100))
+    assert [i for b in batches for i in b] == order  # every row once, in order
+    for b in batches:
+        assert len(b) == 1 or len(b) * max(widths[i] for i in b) <= 100
+    assert [7] in batches  # a row wider than the budget goes alone
+    assert len(batches) < len(order)  # and narrow rows share a batch
