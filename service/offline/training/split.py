@@ -20,6 +20,7 @@ the first stage, of the reranker alone, and of ``alpha * rerank + (1 - alpha) * 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -250,7 +251,7 @@ def forward_pairs(model: Any, q_items: list[Any], p_items: list[Any], micro: int
     return torch.zeros(len(order), dtype=torch.float32).index_put((flat_index,), torch.cat(parts))
 
 
-def score_pairs(model: Any, states: LangStates, q_rag: Ragged, pairs: list[tuple[int, int]], bf16: bool = True) -> npt.NDArray[np.float32]:
+def score_pairs(model: Any, states: LangStates, q_rag: Ragged, pairs: list[tuple[int, int]], bf16: bool) -> npt.NDArray[np.float32]:
     import torch
 
     with torch.no_grad():
@@ -262,17 +263,21 @@ def bf16_native(cpuinfo: str | None = None) -> bool:
     """Whether bf16 autocast pays on this CPU: it needs the instructions (AVX512-BF16, AMX) or
     at least AVX512; on AVX2 torch emulates bf16, and a split-training step measured ~17x
     slower than fp32 (1 min against 3.5 s on a 2-core AMD EPYC)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return False
-    flags = set(cpuinfo.split())
+    flags = _cpu_flags() if cpuinfo is None else frozenset(cpuinfo.split())
     return bool(flags & {"avx512_bf16", "amx_bf16", "avx512f"})
 
 
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
+    """This machine's /proc/cpuinfo words, read once (``embedder_adapt.encode`` asks every step)."""
+    try:
+        return frozenset(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return frozenset()
+
+
 def evaluate(model: Any, pack: Pack, states: dict[str, LangStates], questions: int, depth: int,
-             bf16: bool = True) -> dict[str, Any]:
+             bf16: bool) -> dict[str, Any]:
     """nDCG@10 over the first ``questions`` valid questions, reranking their top ``depth``."""
     model.eval()
     res: dict[str, Any] = {}
