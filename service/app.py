@@ -19,7 +19,7 @@ from service.ingest.ingestor import Ingestor
 from service.ledger.base import Ledger
 from service.ledger.operations import LedgerOperations
 from service.ledger.writer import AttemptWriter
-from service.models.base import CrossEncoderBackend, EmbeddingBackend
+from service.models.base import CrossEncoderBackend, EmbeddingBackend, PassagesWithStates
 from service.models.runtime import ModelRuntime
 from service.observability.metrics import ServiceMetrics
 from service.observability.tracing import Tracer
@@ -191,6 +191,23 @@ def resolve_reranker(cfg: Config) -> RerankerChoice:
     return RerankerChoice(backend, alpha=_alpha(cfg, gate), model_dir=path, order=order)
 
 
+def pair_one_pass(cfg: Config, embedder: EmbeddingBackend, reranker: CrossEncoderBackend | None
+                  ) -> PassagesWithStates | None:
+    """Ingest's vectors and passage states from one pass (``rerank_states_one_pass``), when
+    states are computed at ingest and the probe finds the reranker's lower layers in the
+    embedder (service/models/one_pass.py); else None (two passes), logged."""
+    if not (cfg.rerank_states and cfg.rerank_states_one_pass) or reranker is None or reranker.states_key is None:
+        return None
+    from service.models.one_pass import OnePassStates
+
+    one_pass, why = OnePassStates.pair(embedder, reranker)
+    if one_pass is None:
+        log.warning("passage states at ingest take a second pass: %s", why)
+    else:
+        log.info("passage states at ingest: from the embedding pass where a chunk fits the passage cap")
+    return one_pass
+
+
 def load_quality_model(cfg: Config, embedder: EmbeddingBackend, choice: RerankerChoice) -> QualityModel:
     """The shipped quality calibrations of the served models (``quality_calibration.json``
     in each model dir, fitted on that exact ONNX build); a model without one keeps the
@@ -290,6 +307,7 @@ class App:
         if choice.reason and cfg.reranker_model:
             log.warning("rerank leg off: %s", choice.reason)
         metrics = ServiceMetrics()
+        one_pass = pair_one_pass(cfg, embedder, reranker)
         runtime = ModelRuntime(
             embedder, reranker, workers=cfg.model_workers, max_batch=cfg.max_batch_size,
             max_wait_ms=cfg.max_batch_wait_ms, max_queue=cfg.max_queue, metrics=metrics,
@@ -297,7 +315,7 @@ class App:
             ingest_nice=cfg.ingest_nice, worker_nice=cfg.worker_nice,
             ingest_workers_while_querying=cfg.ingest_workers_while_querying,
             passage_states=cfg.rerank_states or cfg.states_write_back, ingest_states=cfg.rerank_states,
-            latin_embedder=latin_embedder,
+            latin_embedder=latin_embedder, one_pass=one_pass,
         )
         engine = engine or build_engine(cfg, embedder.dimension, latin_embedder.dimension if latin_embedder else None)
         ledger = build_ledger(cfg)

@@ -119,9 +119,14 @@ class Config:
     # Compute the reranker's passage states at ingest and store them with each chunk, so a
     # rerank runs only the query's lower layers and the joint layers (README "Cached passage
     # states"); chunks without current states are computed at rerank time either way.
-    # Opt-in: storing them costs a second model pass at ingest (ingest at ~0.6-0.8x) and
-    # ~34 KB a chunk (full width).
+    # Opt-in: storing them costs ~33 KB a chunk (full width), and a second model pass at
+    # ingest for the chunks one_pass below cannot serve.
     rerank_states: bool = False
+    # With rerank_states: take a chunk's states from its embedding pass when the embedder's
+    # input is the rerank's passage row (the reranker's lower layers are the embedder's first
+    # layers; service/models/one_pass.py), so those chunks pay no second pass. Used only when
+    # a probe at start finds the two models agree; false: always run the lower layers again.
+    rerank_states_one_pass: bool = True
     # Write-back: a rerank that computed a head chunk's states stores them (off the request
     # path), so only chunks that reach a rerank head pay storage and ingest pays nothing;
     # the first rerank of a chunk computes, the next ones read the same bytes (so no answer

@@ -4,7 +4,7 @@ Idempotent: the content hash covers every indexed field and the embedding model,
 same source, version and content is a no-op. Changed content replaces only that version.
 With a reranker that can reuse passage states (``runtime.states_key``) and ``rerank_states``
 on, each chunk's states are computed here too and stored with it (README "Cached passage
-states"); the hash leaves the reranker out, so a new reranker does not re-ingest anything:
+states"; from the embedding pass itself where it can, ``service/models/one_pass.py``); the hash leaves the reranker out, so a new reranker does not re-ingest anything:
 its key differs and reranks compute the states until the document is next re-ingested.
 With a Latin-script embedder (``latin_embedding_model``), chunks without Han characters also
 get its vector, in the same pool; the hash covers that model too, so turning it on re-embeds
@@ -67,17 +67,24 @@ class Ingestor:
         texts = [embedded_text(doc.title, p) for p in pieces]
         deadline = time.monotonic() + _EMBED_DEADLINE_S
         states_key = self.runtime.states_key if self.runtime.ingest_states else None
-        embedding = self.runtime.embed_passages(texts, deadline, batch=self.cfg.embed_batch)
         # The Latin-script embedder's vectors, for chunks without Han characters.
         latin_rows = [i for i, t in enumerate(texts) if not has_han(t)] if self.runtime.latin_embedder else []
         latin_vectors: list[Vector | None] = [None] * len(pieces)
+        latin = self._latin(texts, latin_rows, deadline)
+        batch = self.cfg.embed_batch
+        states: list[bytes | None] = [None] * len(pieces)
         if states_key is None:
-            (vectors, _), latin_matrix = await asyncio.gather(embedding, self._latin(texts, latin_rows, deadline))
-            states: list[bytes | None] = [None] * len(pieces)
-        else:  # the reranker's passage states, in the same pool, alongside the embeddings
-            (vectors, _), latin_matrix, blobs = await asyncio.gather(
-                embedding, self._latin(texts, latin_rows, deadline), self.runtime.passage_states(
-                    [rerank_passage_text(doc.title, p.text) for p in pieces], deadline, batch=self.cfg.embed_batch))
+            (vectors, _), latin_matrix = await asyncio.gather(
+                self.runtime.embed_passages(texts, deadline, batch=batch), latin)
+        else:
+            passages = [rerank_passage_text(doc.title, p.text) for p in pieces]
+            if self.runtime.one_pass_states:  # vector and states from one pass where they can
+                (vectors, blobs, _), latin_matrix = await asyncio.gather(
+                    self.runtime.embed_passages_with_states(texts, passages, deadline, batch=batch), latin)
+            else:  # the reranker's lower layers, in the same pool, alongside the embeddings
+                (vectors, _), latin_matrix, blobs = await asyncio.gather(
+                    self.runtime.embed_passages(texts, deadline, batch=batch), latin,
+                    self.runtime.passage_states(passages, deadline, batch=batch))
             states = list(blobs)
         for row, i in enumerate(latin_rows):
             latin_vectors[i] = latin_matrix[row]

@@ -28,8 +28,9 @@ def session_options(threads: int) -> Any:
     return opts
 
 
-def make_session(model_path: Path, threads: int) -> Any:
-    """Serving's session: ``session_options`` plus exact int8 kernels.
+def make_session(model: Path | bytes, threads: int) -> Any:
+    """Serving's session: ``session_options`` plus exact int8 kernels, from a model file or
+    a serialised model (one rewritten in memory, e.g. ``OnnxEmbedder.tap_hidden_states``).
     ``InferenceSession.run`` is thread-safe, so one session serves every pool thread."""
     opts = session_options(threads)
     # x86 CPUs without VNNI (AVX2, AVX-512 without VNNI) overflow int16 in onnxruntime's fast
@@ -41,23 +42,25 @@ def make_session(model_path: Path, threads: int) -> Any:
     # CPUs and handled; the retry logs at the normal level, so a real fault still speaks.
     severity = opts.log_severity_level
     opts.log_severity_level = 4
+    source = model if isinstance(model, bytes) else str(model)
+    name = "model" if isinstance(model, bytes) else model.name
     try:
-        return ort.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(source, sess_options=opts, providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own Fail type
         opts.log_severity_level = severity
         # Its weight rewrite for those kernels refuses an int8 weight that two nodes share
         # (the split reranker's one-graph model.onnx: its query and passage paths run the
         # same lower layers): give each use its own copy, in memory; the file is unchanged.
-        log.info("%s: %s; loading with unshared int8 weights", model_path.name, str(exc).splitlines()[0][:160])
-        return ort.InferenceSession(_unshared_int8_weights(model_path), sess_options=opts,
+        log.info("%s: %s; loading with unshared int8 weights", name, str(exc).splitlines()[0][:160])
+        return ort.InferenceSession(_unshared_int8_weights(model), sess_options=opts,
                                     providers=["CPUExecutionProvider"])
 
 
-def _unshared_int8_weights(model_path: Path) -> bytes:
+def _unshared_int8_weights(source: Path | bytes) -> bytes:
     """The model with a copy of each int8 matmul weight per ``MatMulInteger`` that reads it.
     Only those: the rewrite converts matmul weights, and the int8 word embedding the two
     paths' ``Gather`` nodes share (96 MB) stays one tensor."""
-    model = onnx.load(str(model_path))
+    model = onnx.load_from_string(source) if isinstance(source, bytes) else onnx.load(str(source))
     graph = model.graph
     int8 = {t.name: t for t in graph.initializer if t.data_type == onnx.TensorProto.INT8}
     seen: dict[str, int] = {}

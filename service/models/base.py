@@ -8,7 +8,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -100,3 +100,15 @@ class CrossEncoderBackend(abc.ABC):
     @abc.abstractmethod
     def infer(self, encoded: Encoded) -> FloatArray:
         """One relevance logit per pair: shape [n]."""
+
+
+class PassagesWithStates(Protocol):
+    """Ingest's passage vectors and reranker passage states together (``one_pass.py``):
+    from one model pass where the embedder's pass is the reranker's lower layers."""
+
+    states_key: str
+
+    def embed_with_states(self, items: list[tuple[str, str]]) -> tuple[list[tuple[FloatArray, bytes, bool]], float, float]:
+        """(embedder text, reranker passage) per chunk -> per chunk (vector, stored-states
+        blob, whether one pass gave both), tokenize seconds, inference seconds."""
+        ...

@@ -104,6 +104,7 @@ class OnnxCrossEncoder(CrossEncoderBackend):
         self._passage_max = min(self.max_length, int(str(manifest["passage_max_tokens"])))
         if passage_tokens > 0:
             self._passage_max = min(self._passage_max, passage_tokens)
+        self._lower_layers = int(str(manifest.get("lower_layers", 0)))
         self._query_prefix = tok.encode(str(manifest["query_prefix"]), add_special_tokens=False).ids
         self._passage_prefix = tok.encode(str(manifest["passage_prefix"]), add_special_tokens=False).ids
         if self._passage_max < 3 + len(self._passage_prefix):
@@ -129,6 +130,24 @@ class OnnxCrossEncoder(CrossEncoderBackend):
         pid, pmask = pad_rows(p_ids, self._pad_id)
         qid, qmask = pad_rows(q_rows, self._pad_id)
         return Encoded(input_ids=pid, attention_mask=pmask, extra={"query_ids": qid, "query_mask": qmask})
+
+    @property
+    def lower_layers(self) -> int:
+        """Layers the passage's lower states have been through (the split point); 0 when
+        this model keeps no states."""
+        return self._lower_layers if self.states_key is not None else 0
+
+    def passage_rows(self, passages: list[str]) -> list[list[int]]:
+        """The token rows a rerank's lower layers read for ``passages`` (prefix, cap, specials)."""
+        return self._passage_rows(passages)
+
+    def lower_states(self, rows: list[list[int]]) -> list[np.ndarray]:
+        """The lower graph's states of token rows, one call per row (``_lower_states``)."""
+        return self._lower_states(rows)
+
+    def encode_states(self, states: np.ndarray) -> bytes:
+        """[tokens, hidden] states -> what this model stores under ``states_key``."""
+        return self._codec.encode(states)
 
     def _passage_rows(self, passages: list[str]) -> list[list[int]]:
         encoded = self._tokenizer.encode_batch(passages, add_special_tokens=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from service.models._ort import batch_invariant, load_tokenizer, make_session, pad_batch
 from service.models.base import EmbeddingBackend, Encoded, FloatArray, ModelInfo, TextKind
@@ -36,8 +37,45 @@ class OnnxEmbedder(EmbeddingBackend):
         )
         self._tokenizer, self._pad_id = load_tokenizer(model_dir / TOKENIZER_FILE)
         self._tokenizer.enable_truncation(max_length=self.max_length)
-        self._session = make_session(model_dir / MODEL_FILE, threads)
-        self.batch_invariant = batch_invariant(model_dir / MODEL_FILE)
+        self._model_file, self._threads = model_dir / MODEL_FILE, threads
+        self._session = make_session(self._model_file, threads)
+        self.batch_invariant = batch_invariant(self._model_file)
+        self._hidden: tuple[int, str] | None = None  # (layers, tensor) once tapped
+
+    def tap_hidden_states(self, layers: int) -> bool:
+        """Expose the hidden states after the first ``layers`` transformer layers as a second
+        output of the same session (``infer_with_hidden``), so one pass can give a passage's
+        vector and a split reranker's passage states (``service/models/one_pass.py``). The
+        graph is rewritten in memory only: the file, its sha256 and the vectors stay the
+        same (``infer`` asks for the vector alone). False when the graph has no such tensor
+        (found as the output of layer ``layers - 1``'s last LayerNorm, by its weight's name,
+        fused or not)."""
+        if self._hidden is not None:
+            return self._hidden[0] == layers
+        model = onnx.load(str(self._model_file))
+        weight = f"encoder.layer.{layers - 1}.output.LayerNorm.weight"
+        tensor = next((n.output[0] for n in model.graph.node if weight in n.input), None)
+        if tensor is None or layers < 1:
+            return False
+        model.graph.output.append(onnx.helper.make_tensor_value_info(tensor, onnx.TensorProto.FLOAT, None))
+        self._session = make_session(model.SerializeToString(), self._threads)
+        self._hidden = (layers, tensor)
+        return True
+
+    def tokenize_one(self, text: str, kind: TextKind) -> list[int]:
+        """One text's token ids, prefix and truncation as ``tokenize`` (no padding)."""
+        return list(self._tokenizer.encode(self.prefixes[kind] + text).ids)
+
+    def infer_with_hidden(self, ids: list[int]) -> tuple[FloatArray, FloatArray]:
+        """One passage's vector [dim] and its tapped hidden states [tokens, hidden] from one
+        call (alone in its call: an int8 graph's activation scales then depend on it alone)."""
+        if self._hidden is None:
+            raise RuntimeError("no hidden states tapped (tap_hidden_states)")
+        row = np.asarray([ids], dtype=np.int64)
+        vector, hidden = self._session.run([self._output, self._hidden[1]],
+                                           {"input_ids": row, "attention_mask": np.ones_like(row)})
+        return (np.ascontiguousarray(vector[0], dtype=np.float32),
+                np.ascontiguousarray(hidden[0], dtype=np.float32))
 
     def tokenize(self, texts: list[str], kind: TextKind) -> Encoded:
         prefix = self.prefixes[kind]

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 import numpy as np
 
 from service.errors import DeadlineExceeded, Overloaded
-from service.models.base import CrossEncoderBackend, EmbeddingBackend, FloatArray, ModelInfo
+from service.models.base import CrossEncoderBackend, EmbeddingBackend, FloatArray, ModelInfo, PassagesWithStates
 from service.models.foreground import ForegroundGate
 from service.models.query_cache import QueryEmbeddingCache
 from service.threads import niced_pool
@@ -327,6 +327,19 @@ def _timed_states(backend: CrossEncoderBackend) -> BatchFn[str, bytes]:
     return run
 
 
+# An ingest item for one pass: the chunk's embedder text and the passage a rerank reads;
+# its result: the vector, the stored-states blob, and whether one pass gave both.
+OnePassItem = tuple[str, str]
+OnePassOut = tuple[FloatArray, bytes, bool]
+
+
+def _timed_one_pass(backend: PassagesWithStates) -> BatchFn[OnePassItem, OnePassOut]:
+    def run(items: list[OnePassItem]) -> tuple[list[OnePassOut], float, float]:
+        return backend.embed_with_states(items)
+
+    return run
+
+
 @dataclass
 class _EmbeddingLane:
     """One embedder's way through the runtime: its query cache and its two batchers."""
@@ -358,6 +371,7 @@ class ModelRuntime:
         passage_states: bool = True,
         ingest_states: bool = True,
         latin_embedder: EmbeddingBackend | None = None,
+        one_pass: PassagesWithStates | None = None,
     ) -> None:
         self.embedder = embedder
         self.reranker = reranker
@@ -414,10 +428,20 @@ class ModelRuntime:
                 max_batch=max_batch, isolate_requests=not reranker.batch_invariant, gate=self.foreground,
                 **{**common, "concurrency": ingest_threads},  # type: ignore[arg-type]
             )
+        # Ingest's vectors and states from one pass where the embedder's pass is the
+        # reranker's lower layers (``one_pass.py``); only for the states this runtime stores.
+        self._one_pass: MicroBatcher[OnePassItem, OnePassOut] | None = None
+        if one_pass is not None and self.ingest_states and one_pass.states_key == self._states_key:
+            # Each item runs alone in its own call (batch-invariant by construction).
+            self._one_pass = MicroBatcher(
+                "embed-passage-states", _timed_one_pass(one_pass), self.ingest_executor,
+                max_batch=max_batch, isolate_requests=False, gate=self.foreground,
+                **{**common, "concurrency": ingest_threads},  # type: ignore[arg-type]
+            )
         self._batchers: list[MicroBatcher[str, FloatArray] | MicroBatcher[RerankItem, RerankOut]
-                             | MicroBatcher[str, bytes]] = [
+                             | MicroBatcher[str, bytes] | MicroBatcher[OnePassItem, OnePassOut]] = [
             b for lane in self._lanes for b in (lane.queries, lane.passages)]
-        self._batchers += [b for b in (self._rerank, self._states) if b is not None]
+        self._batchers += [b for b in (self._rerank, self._states, self._one_pass) if b is not None]
 
     @property
     def _lanes(self) -> list[_EmbeddingLane]:
@@ -503,6 +527,38 @@ class ModelRuntime:
         """The key of the passage states the reranker can reuse; None when it cannot or
         stored states are off."""
         return self._states_key
+
+    @property
+    def one_pass_states(self) -> bool:
+        """Whether ingest gets vectors and states from ``embed_passages_with_states``."""
+        return self._one_pass is not None
+
+    async def embed_passages_with_states(
+        self, texts: Sequence[str], passages: Sequence[str], deadline: float, batch: int = 16
+    ) -> tuple[FloatArray, list[bytes], Timing]:
+        """Passage vectors for ``texts`` and the reranker's states for ``passages`` (row-
+        aligned), from one pass per chunk where the two inputs are the same tokens (ingest;
+        the ingest pool)."""
+        if self._one_pass is None:
+            raise RuntimeError("no one-pass passage states (one_pass_states)")
+        if len(texts) != len(passages):
+            raise ValueError("one passage per text")
+        one_pass = self._one_pass
+        items = list(zip(texts, passages))
+        parts = await asyncio.gather(*(one_pass.submit(items[i : i + batch], deadline)
+                                       for i in range(0, len(items), batch)))
+        total = Timing()
+        outs: list[OnePassOut] = []
+        for out, timing in parts:
+            outs.extend(out)
+            total = total.add(timing)
+        if self._metrics is not None:
+            one = sum(1 for _, _, single in outs if single)
+            self._metrics.ingest_states_passes.labels("one").inc(one)
+            self._metrics.ingest_states_passes.labels("two").inc(len(outs) - one)
+        dim = self.embedder.dimension
+        matrix = np.stack([v for v, _, _ in outs]).astype(np.float32) if outs else np.zeros((0, dim), np.float32)
+        return matrix, [blob for _, blob, _ in outs], total
 
     async def passage_states(self, passages: Sequence[str], deadline: float, batch: int = 16) -> list[bytes]:
         """The reranker's passage states for ``passages`` (ingest; the ingest pool)."""

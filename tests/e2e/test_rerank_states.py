@@ -1,14 +1,14 @@
 """Cached passage states end to end, through real gRPC with the shipped split reranker: an
-ingest stores each chunk's states, a reranked query reuses them and orders its evidence as
+ingest stores each chunk's states (from its embedding pass where it can), a reranked query reuses them and orders its evidence as
 recomputing every passage does, and a restart keeps them (README "Cached passage states")."""
 
 from __future__ import annotations
 
 import pytest
 
-from service._gen.retrieval.v1 import retrieval_pb2
+from service._gen.retrieval.v1 import corpus_pb2, retrieval_pb2, types_pb2
 from service.app import DEFAULT_RERANKER
-from service.engines.base import Engine
+from service.engines.base import Engine, make_chunk_id
 from service.engines.embedded import EmbeddedEngine
 from service.models.onnx_cross_encoder import OnnxCrossEncoder
 from service.offline.builder import default_models_dir
@@ -18,6 +18,7 @@ pytestmark = pytest.mark.slow
 
 RERANKER = DEFAULT_RERANKER  # the default pair's reranker
 NOISE = 0.5  # logits; measured on these queries: largest move 0.36, largest swap 0.42
+PLAIN = ["Term life insurance pays a benefit if you die during the term.", "定期寿险在保险期间内身故时给付保险金。"]
 QUERIES = ["reset password", "how do I get a refund for an invoice", "orion-pager escalation", "如何重置密码"]
 
 
@@ -52,6 +53,28 @@ async def test_stored_states_rerank_like_recomputation(start_server: StartServer
     live = await start_server(reranker=reranker, rerank_states=True)
     engine = live.app.engine
     assert await _stored(engine, reranker.states_key) > 0
+    # Ingest takes a chunk's states from its embedding pass when the embedder read exactly
+    # the rerank's row (service/models/one_pass.py): not the demo's sectioned chunks (their
+    # breadcrumb is embedded, not reranked: the lower graph ran again), but plain ones.
+    from tests.support.scrape import parse
+
+    assert live.app.runtime.one_pass_states
+    passes = {"one": 0.0, "two": 0.0}
+
+    def count() -> dict[str, float]:
+        scraped = parse(live.app.metrics.exposition().decode())
+        return {p: scraped.get(("retrieval_ingest_passage_states_total", (("pass", p),)), 0.0) - passes[p]
+                for p in passes}
+
+    passes = count()
+    assert passes["one"] == 0 and passes["two"] == await _stored_anywhere(engine, reranker.states_key) > 0
+    plain = [corpus_pb2.Document(source_id=f"plain-{i}", version="v1", text=text, collection=types_pb2.COLLECTION_DOC)
+             for i, text in enumerate(PLAIN)]
+    await live.ingest(plain)
+    assert count() == {"one": len(PLAIN), "two": 0}
+    found = await engine.passage_states([(c.chunk_id, c.content_hash) for c in await engine.get_chunks(
+        [make_chunk_id(d.source_id, 0, d.version) for d in plain])], reranker.states_key)
+    assert len(found) == len(PLAIN)
     ask = dict(top_k=8, options=retrieval_pb2.RetrievalOptions(min_quality=1e-9))
     stored = {q: evidence_of(await live.retrieve(query=q, **ask)) for q in QUERIES}  # type: ignore[arg-type]
 

@@ -1,0 +1,95 @@
+"""Ingest throughput with passage states stored against ingest without, in one run (absolute
+times drift on a shared machine; ratios measured side by side do not).
+
+    .venv/bin/python tests/bench/bench_ingest_states.py [--docs 300] [--rounds 3]
+
+Per language (InsuranceQA valid answers, the eval extra; else the synthetic bench corpus),
+``--rounds`` rounds of three fresh in-process servers (embedded engine, real gRPC, the
+default models and the shipped split reranker), each ingesting the same documents in one
+stream: without states (``rerank_states`` off, write-back off), with states from one pass
+(the default with ``rerank_states``: tapped from the embedding pass where a chunk's embedder
+input is its rerank row, service/models/one_pass.py), and with two passes
+(``rerank_states_one_pass`` off: the reranker's lower layers run again on every chunk). The
+order rotates each round. Prints chunks/s per server, the median ratio to the round's
+ingest without states, and how many chunks took one pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import grpc  # noqa: E402
+
+from service._gen.retrieval.v1 import corpus_pb2, corpus_pb2_grpc  # noqa: E402
+from service.api.server import Server  # noqa: E402
+from service.app import App  # noqa: E402
+from service.config import load_config  # noqa: E402
+from tests.bench.bench_rerank_states import RERANKER, corpus, timed_ingest  # noqa: E402
+from tests.support.scrape import parse  # noqa: E402
+
+MODES = {"without states": dict(rerank_states=False),
+         "states, one pass": dict(rerank_states=True, rerank_states_one_pass=True),
+         "states, two passes": dict(rerank_states=True, rerank_states_one_pass=False)}
+
+
+async def ingest(data_dir: Path, docs: list[corpus_pb2.Document], settings: dict[str, bool]) -> tuple[float, int, int]:
+    """(chunks/s, chunks, chunks whose states took one pass) for one fresh server."""
+    cfg = dataclasses.replace(load_config(None), data_dir=data_dir, reranker_model=RERANKER, api_keys_file="",
+                              opensearch_url="", rerank_states_write_back="false", **settings)
+    app = App.build(cfg)
+    if app.runtime.reranker is None:
+        raise SystemExit(f"no reranker {RERANKER} under {cfg.models_dir}: run `make models`")
+    if settings.get("rerank_states_one_pass") and not app.runtime.one_pass_states:
+        raise SystemExit("one pass refused (see the log): the embedder is not the reranker's lower layers")
+    server = Server(app)
+    port = await server.start("127.0.0.1:0")
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            seconds, chunks = await timed_ingest(corpus_pb2_grpc.CorpusServiceStub(ch), docs)
+        scraped = parse(app.metrics.exposition().decode())
+        one = int(scraped.get(("retrieval_ingest_passage_states_total", (("pass", "one"),)), 0))
+    finally:
+        await server.stop(0.5)
+    return chunks / seconds, chunks, one
+
+
+async def main(n_docs: int, rounds: int) -> None:
+    names = list(MODES)
+    for lang in ("en", "zh"):
+        docs, _ = corpus(lang, n_docs, 0)
+        rates: dict[str, list[float]] = {m: [] for m in names}
+        ratios: dict[str, list[float]] = {m: [] for m in names}
+        chunks = one = 0
+        with tempfile.TemporaryDirectory() as tmp:
+            for r in range(rounds):
+                order = names[r % len(names):] + names[: r % len(names)]
+                got = {}
+                for mode in order:
+                    rate, chunks, ones = await ingest(Path(tmp) / f"{r}-{len(got)}", docs, MODES[mode])
+                    got[mode] = rate
+                    one = ones if mode == "states, one pass" else one
+                for mode in names:
+                    rates[mode].append(got[mode])
+                    ratios[mode].append(got[mode] / got["without states"])
+        print(f"{lang}: {len(docs)} documents -> {chunks} chunks; one pass gave {one} of them their states "
+              f"(the others: past the passage cap)")
+        for mode in names:
+            per_round = " ".join(f"{x:.2f}" for x in ratios[mode])
+            print(f"  {mode:<20} {statistics.median(rates[mode]):7.1f} chunks/s (median of {rounds}), "
+                  f"ratio {statistics.median(ratios[mode]):.2f} (rounds: {per_round})")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--docs", type=int, default=300, help="documents per language")
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    asyncio.run(main(a.docs, a.rounds))
