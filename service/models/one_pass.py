@@ -2,13 +2,20 @@
 
 The split reranker's lower layers are the embedder's first layers, frozen (README "Cached
 passage states"). So when a chunk's embedder input is, token for token, the row a rerank
-reads (the passage fits the passage cap, and no breadcrumb or title line sets the two texts
-apart), the embedder's hidden states after those layers are the chunk's passage states: the
-same weights in another int8 rendering (fused attention, QKV quantised together), within
-the int8 noise of the lower graph's own states. Ingest then taps them from the embedding
-pass instead of running the lower layers a second time. A chunk whose rows differ gets the
-lower graph's states as before: past the cap the embedder's states have seen tokens the
-rerank row cuts off (logits moved by ~0.3 on such passages, several times the noise).
+reads (the passage fits the passage cap, and no breadcrumb sets the two texts apart), the
+embedder's hidden states after those layers are the chunk's passage states: the same
+weights in another int8 rendering (fused attention, QKV quantised together). Ingest then
+taps them from the embedding pass instead of running the lower layers a second time. A
+chunk whose rows differ gets the lower graph's states as before: past the cap the
+embedder's states have seen tokens the rerank row cuts off (logits moved by ~0.3 on such
+passages, several times the noise).
+
+The embedding calls are the ones ingest makes without states (a document's chunks
+together, padded as ``tokenize`` pads them), so every vector is the one ingest without
+states stores, bit for bit, and turning states on changes no first-stage answer. A tapped
+chunk's states then carry that call's int8 activation scale, as the one graph's logits
+carry their batch's: deterministic for a document version, within the int8 noise of the
+lower graph's own states.
 
 The pairing is taken only when a probe agrees: both tokenizers give the same rows and the
 tapped states match the lower graph's token by token (cosine >= ``MIN_TOKEN_COSINE``). An
@@ -31,11 +38,12 @@ PROBES = (
     "Billing\nTo get a refund for an invoice, open Billing, choose the invoice and press Request refund.",
     "如何重置密码：打开设置页面，点击安全，然后选择重置密码。",
 )
-# Token-wise cosine of the tapped states against the lower graph's, worst token. Measured on
-# 100 valid InsuranceQA answers per language within the cap (e5-small int8 against the shipped
-# reranker's lower graph): worst token 0.977 en / 0.979 zh, median 0.998 / 1.000; the logits
-# over them moved by mean |d| 0.047 / 0.034 (the int8 noise between the one graph and the two
-# is ~0.18). A reranker whose lower layers are not the embedder's scores far below.
+# Token-wise cosine of the tapped states against the lower graph's, worst token, one passage
+# a call (the probe). Measured on 100 valid InsuranceQA answers per language within the cap
+# (e5-small int8 against the shipped reranker's lower graph): worst token 0.977 en / 0.979 zh,
+# median 0.998 / 1.000; logits over them moved by mean |d| 0.047 / 0.034 (the int8 noise
+# between the one graph and the two is ~0.18). A reranker whose lower layers are not the
+# embedder's scores far below.
 MIN_TOKEN_COSINE = 0.95
 
 
@@ -71,28 +79,34 @@ class OnePassStates:
     def probe(self) -> str:
         """'' when the tapped states are the reranker's (module doc), else why not."""
         for text in PROBES:
-            ids = self._embedder.tokenize_one(text, "passage")
+            _, hidden, ids = self._tapped([text])
             row = self._reranker.passage_rows([text])[0]
-            if ids != row:
+            if ids[0] != row:
                 return "the embedder and the reranker tokenize a probe passage differently"
-            _, hidden = self._embedder.infer_with_hidden(ids)
-            lower = self._reranker.lower_states([row])[0]
-            cosine = token_cosine(hidden, lower) if hidden.shape == lower.shape else -1.0
+            tapped, lower = hidden[0][: len(row)], self._reranker.lower_states([row])[0]
+            cosine = token_cosine(tapped, lower) if tapped.shape == lower.shape else -1.0
             if cosine < MIN_TOKEN_COSINE:
                 return (f"{self._embedder.info.model_id}'s first {self._reranker.lower_layers} layers are not "
                         f"{self._reranker.info.model_id}'s lower layers (worst token cosine {cosine:.3f} on a probe)")
         return ""
 
+    def _tapped(self, texts: list[str]) -> tuple[FloatArray, FloatArray, list[list[int]]]:
+        encoded = self._embedder.tokenize(texts, "passage")
+        vectors, hidden = self._embedder.infer_with_hidden(encoded)
+        ids = [[int(t) for t in row[: int(n)]] for row, n in zip(encoded.input_ids, encoded.attention_mask.sum(axis=1))]
+        return vectors, hidden, ids
+
     def embed_with_states(self, items: list[tuple[str, str]]) -> tuple[list[tuple[FloatArray, bytes, bool]], float, float]:
+        """One call over the items' embedder texts, as ingest without states makes it (the
+        runtime hands over a document's chunks as that path does); then the lower graph,
+        one row per call, for the chunks whose rows differ."""
         t0 = time.perf_counter()
-        tokens = [(self._embedder.tokenize_one(text, "passage"), row) for (text, _), row in
-                  zip(items, self._reranker.passage_rows([passage for _, passage in items]))]
+        rows = self._reranker.passage_rows([passage for _, passage in items])
         t1 = time.perf_counter()
+        vectors, hidden, ids = self._tapped([text for text, _ in items])
         out: list[tuple[FloatArray, bytes, bool]] = []
-        for ids, row in tokens:
-            # One passage per call: its states (and vector) depend on its text alone.
-            vector, hidden = self._embedder.infer_with_hidden(ids)
-            one = ids == row
-            states = hidden if one else self._reranker.lower_states([row])[0]
-            out.append((vector, self._reranker.encode_states(states), one))
+        for i, row in enumerate(rows):
+            one = ids[i] == row
+            states = hidden[i][: len(row)] if one else self._reranker.lower_states([row])[0]
+            out.append((vectors[i], self._reranker.encode_states(states), one))
         return out, t1 - t0, time.perf_counter() - t1

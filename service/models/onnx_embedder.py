@@ -62,20 +62,14 @@ class OnnxEmbedder(EmbeddingBackend):
         self._hidden = (layers, tensor)
         return True
 
-    def tokenize_one(self, text: str, kind: TextKind) -> list[int]:
-        """One text's token ids, prefix and truncation as ``tokenize`` (no padding)."""
-        return list(self._tokenizer.encode(self.prefixes[kind] + text).ids)
-
-    def infer_with_hidden(self, ids: list[int]) -> tuple[FloatArray, FloatArray]:
-        """One passage's vector [dim] and its tapped hidden states [tokens, hidden] from one
-        call (alone in its call: an int8 graph's activation scales then depend on it alone)."""
+    def infer_with_hidden(self, encoded: Encoded) -> tuple[FloatArray, FloatArray]:
+        """``infer``'s vectors [n, dim] and the tapped hidden states [n, width, hidden] (rows
+        padded as ``tokenize`` padded them) from one call."""
         if self._hidden is None:
             raise RuntimeError("no hidden states tapped (tap_hidden_states)")
-        row = np.asarray([ids], dtype=np.int64)
-        vector, hidden = self._session.run([self._output, self._hidden[1]],
-                                           {"input_ids": row, "attention_mask": np.ones_like(row)})
-        return (np.ascontiguousarray(vector[0], dtype=np.float32),
-                np.ascontiguousarray(hidden[0], dtype=np.float32))
+        feeds = {"input_ids": encoded.input_ids, "attention_mask": encoded.attention_mask}
+        vectors, hidden = self._session.run([self._output, self._hidden[1]], feeds)
+        return np.ascontiguousarray(vectors, dtype=np.float32), np.asarray(hidden, dtype=np.float32)
 
     def tokenize(self, texts: list[str], kind: TextKind) -> Encoded:
         prefix = self.prefixes[kind]

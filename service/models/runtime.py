@@ -432,10 +432,11 @@ class ModelRuntime:
         # reranker's lower layers (``one_pass.py``); only for the states this runtime stores.
         self._one_pass: MicroBatcher[OnePassItem, OnePassOut] | None = None
         if one_pass is not None and self.ingest_states and one_pass.states_key == self._states_key:
-            # Each item runs alone in its own call (batch-invariant by construction).
+            # A request (a document's chunks, ``embed_passages_with_states``) runs alone, as
+            # in ``embed_passages``: the same calls, so the same vectors, bit for bit.
             self._one_pass = MicroBatcher(
                 "embed-passage-states", _timed_one_pass(one_pass), self.ingest_executor,
-                max_batch=max_batch, isolate_requests=False, gate=self.foreground,
+                max_batch=max_batch, isolate_requests=True, gate=self.foreground,
                 **{**common, "concurrency": ingest_threads},  # type: ignore[arg-type]
             )
         self._batchers: list[MicroBatcher[str, FloatArray] | MicroBatcher[RerankItem, RerankOut]
@@ -537,8 +538,9 @@ class ModelRuntime:
         self, texts: Sequence[str], passages: Sequence[str], deadline: float, batch: int = 16
     ) -> tuple[FloatArray, list[bytes], Timing]:
         """Passage vectors for ``texts`` and the reranker's states for ``passages`` (row-
-        aligned), from one pass per chunk where the two inputs are the same tokens (ingest;
-        the ingest pool)."""
+        aligned), from one pass where a chunk's two inputs are the same tokens (ingest; the
+        ingest pool). The texts go in the requests ``embed_passages`` makes of them, so the
+        vectors are its own."""
         if self._one_pass is None:
             raise RuntimeError("no one-pass passage states (one_pass_states)")
         if len(texts) != len(passages):

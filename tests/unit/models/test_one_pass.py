@@ -1,7 +1,7 @@
 """One pass at ingest (service/models/one_pass.py): the shipped embedder, tapped after the
-split reranker's lower layers, gives each chunk its vector unchanged and, where its input is
-the rerank's passage row, passage states that rerank like the lower graph's; other chunks
-get the lower graph's own states; a reranker not built on the embedder is refused."""
+split reranker's lower layers, gives a document's chunks their vectors unchanged and, where a
+chunk's input is the rerank's passage row, passage states that rerank like the lower graph's;
+other chunks get the lower graph's own states; a reranker not built on the embedder is refused."""
 
 from __future__ import annotations
 
@@ -39,15 +39,18 @@ def shipped(models_dir: Path) -> tuple[OnnxEmbedder, OnnxCrossEncoder, OnePassSt
 
 def test_tapping_changes_no_vector(models_dir: Path, shipped: tuple[OnnxEmbedder, OnnxCrossEncoder, OnePassStates]
                                    ) -> None:
-    """Same session, one more output: the vectors are the untapped graph's, bit for bit."""
-    tapped = shipped[0]
+    """Same session, one more output, the calls ingest without states makes (a document's
+    chunks together): the vectors are the untapped graph's, bit for bit."""
+    tapped, _, one_pass = shipped
     plain = OnnxEmbedder(models_dir / "multilingual-e5-small-int8")
-    for text in [*SHORT, LONG]:
-        before = plain.infer(plain.tokenize([text], "passage"))[0]
-        assert np.array_equal(tapped.infer(tapped.tokenize([text], "passage"))[0], before)
-        vector, hidden = tapped.infer_with_hidden(tapped.tokenize_one(text, "passage"))
-        assert np.array_equal(vector, before)
-        assert hidden.shape == (len(tapped.tokenize_one(text, "passage")), 384)
+    texts = [*SHORT, LONG]
+    before = plain.infer(plain.tokenize(texts, "passage"))
+    np.testing.assert_array_equal(tapped.infer(tapped.tokenize(texts, "passage")), before)
+    vectors, hidden = tapped.infer_with_hidden(tapped.tokenize(texts, "passage"))
+    np.testing.assert_array_equal(vectors, before)
+    assert hidden.shape[::2] == (len(texts), 384)
+    out, _, _ = one_pass.embed_with_states([(t, rerank_passage_text("", t)) for t in texts])
+    np.testing.assert_array_equal(np.stack([v for v, _, _ in out]), before)
 
 
 def test_one_pass_states_rerank_like_the_lower_graphs(
@@ -65,8 +68,11 @@ def test_one_pass_states_rerank_like_the_lower_graphs(
     pairs = [(QUERY, p) for p in passages]
     got = reranker.infer(reranker.tokenize_with_states(pairs, tapped))
     want = reranker.infer(reranker.tokenize_with_states(pairs, lower))
-    # Measured on 600+ valid pairs per language within the cap: mean |d| 0.047 / 0.034.
-    assert np.abs(got - want).max() < 0.25, (got, want)
+    # The tapped states carry their call's activation scale (here three chunks together),
+    # as the one graph's logits carry their batch's. Measured on 648 / 516 valid pairs within
+    # the cap, each chunk with 3 random siblings: mean |d| 0.17 / 0.17, max 0.85 / 0.75 (en /
+    # zh); alone 0.047 / 0.034. The one graph against the two: mean 0.18, max 1.07 / 0.86.
+    assert np.abs(got - want).max() < 1.0, (got, want)
 
 
 def test_rows_that_differ_take_the_lower_graph(shipped: tuple[OnnxEmbedder, OnnxCrossEncoder, OnePassStates]) -> None:
@@ -79,18 +85,21 @@ def test_rows_that_differ_take_the_lower_graph(shipped: tuple[OnnxEmbedder, Onnx
     out, _, _ = one_pass.embed_with_states(items)
     assert [single for _, _, single in out] == [False, False, True]
     assert [blob for _, blob, _ in out[:2]] == reranker.passage_states([p for _, p in items[:2]])
-    for (vector, _, _), (text, _) in zip(out, items):
-        assert np.array_equal(vector, embedder.infer(embedder.tokenize([text], "passage"))[0])
+    np.testing.assert_array_equal(np.stack([v for v, _, _ in out]),
+                                  embedder.infer(embedder.tokenize([t for t, _ in items], "passage")))
 
 
-def test_a_chunks_states_do_not_depend_on_its_company(
+def test_a_documents_states_are_the_same_bytes_again(
         shipped: tuple[OnnxEmbedder, OnnxCrossEncoder, OnePassStates]) -> None:
-    _, _, one_pass = shipped
+    """A tapped chunk's states carry its call's activation scale (its document's chunks):
+    the same document gives the same bytes again, and alone its chunk stays within noise."""
+    _, reranker, one_pass = shipped
     items = [(t, rerank_passage_text("", t)) for t in [*SHORT, LONG]]
-    together, _, _ = one_pass.embed_with_states(items)
-    for item, (vector, blob, _) in zip(items, together):
-        (alone_vector, alone_blob, _), = one_pass.embed_with_states([item])[0]
-        assert alone_blob == blob and np.array_equal(alone_vector, vector)
+    first, _, _ = one_pass.embed_with_states(items)
+    again, _, _ = one_pass.embed_with_states(items)
+    assert [b for _, b, _ in first] == [b for _, b, _ in again]
+    (_, alone, _), = one_pass.embed_with_states(items[:1])[0]
+    assert token_cosine(reranker._codec.decode(alone), reranker._codec.decode(first[0][1])) > 0.9
 
 
 def test_a_reranker_not_built_on_the_embedder_is_refused(tmp_path: Path, models_dir: Path, e5_fp32_dir: Path) -> None:
