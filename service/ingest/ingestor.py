@@ -4,8 +4,9 @@ Idempotent: the content hash covers every indexed field and the embedding model,
 same source, version and content is a no-op. Changed content replaces only that version.
 With a reranker that can reuse passage states (``runtime.states_key``) and ``rerank_states``
 on, each chunk's states are computed here too and stored with it (README "Cached passage
-states"; from the embedding pass itself where it can, ``service/models/one_pass.py``); the hash leaves the reranker out, so a new reranker does not re-ingest anything:
-its key differs and reranks compute the states until the document is next re-ingested.
+states"; read off the embedding pass where they can be, ``service/models/one_pass.py``);
+the hash leaves the reranker out, so a new reranker does not re-ingest anything: its key
+differs and reranks compute the states until the document is next re-ingested.
 With a Latin-script embedder (``latin_embedding_model``), chunks without Han characters also
 get its vector, in the same pool; the hash covers that model too, so turning it on re-embeds
 a document at its next ingest.

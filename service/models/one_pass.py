@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-from service.models.base import FloatArray
+from service.models.base import Encoded, FloatArray
 from service.models.onnx_cross_encoder import OnnxCrossEncoder
 from service.models.onnx_embedder import OnnxEmbedder
 
@@ -91,7 +91,9 @@ class OnePassStates:
         return ""
 
     def _tapped(self, texts: list[str]) -> tuple[FloatArray, FloatArray, list[list[int]]]:
-        encoded = self._embedder.tokenize(texts, "passage")
+        return self._infer(self._embedder.tokenize(texts, "passage"))
+
+    def _infer(self, encoded: Encoded) -> tuple[FloatArray, FloatArray, list[list[int]]]:
         vectors, hidden = self._embedder.infer_with_hidden(encoded)
         ids = [[int(t) for t in row[: int(n)]] for row, n in zip(encoded.input_ids, encoded.attention_mask.sum(axis=1))]
         return vectors, hidden, ids
@@ -102,8 +104,9 @@ class OnePassStates:
         one row per call, for the chunks whose rows differ."""
         t0 = time.perf_counter()
         rows = self._reranker.passage_rows([passage for _, passage in items])
+        encoded = self._embedder.tokenize([text for text, _ in items], "passage")
         t1 = time.perf_counter()
-        vectors, hidden, ids = self._tapped([text for text, _ in items])
+        vectors, hidden, ids = self._infer(encoded)
         out: list[tuple[FloatArray, bytes, bool]] = []
         for i, row in enumerate(rows):
             one = ids[i] == row
