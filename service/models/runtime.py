@@ -333,11 +333,21 @@ OnePassItem = tuple[str, str]
 OnePassOut = tuple[FloatArray, bytes, bool]
 
 
-def _timed_one_pass(backend: PassagesWithStates) -> BatchFn[OnePassItem, OnePassOut]:
-    def run(items: list[OnePassItem]) -> tuple[list[OnePassOut], float, float]:
-        return backend.embed_with_states(items)
+def _stacked(vectors: list[FloatArray], dimension: int) -> FloatArray:
+    return np.stack(vectors).astype(np.float32) if vectors else np.zeros((0, dimension), np.float32)
 
-    return run
+
+async def _submit_in_requests(batcher: MicroBatcher[In, Out], items: Sequence[In], deadline: float,
+                              batch: int) -> tuple[list[Out], Timing]:
+    """``items`` as requests of ``batch`` each, all at once: every output in order, and the
+    timings added. Ingest's embeddings with or without states split them alike, so the
+    one-pass vectors come from the very calls ``embed_passages`` makes."""
+    parts = await asyncio.gather(*(batcher.submit(list(items[i : i + batch]), deadline)
+                                   for i in range(0, len(items), batch)))
+    total = Timing()
+    for _, timing in parts:
+        total = total.add(timing)
+    return [out for outs, _ in parts for out in outs], total
 
 
 @dataclass
@@ -435,7 +445,7 @@ class ModelRuntime:
             # A request (a document's chunks, ``embed_passages_with_states``) runs alone, as
             # in ``embed_passages``: the same calls, so the same vectors, bit for bit.
             self._one_pass = MicroBatcher(
-                "embed-passage-states", _timed_one_pass(one_pass), self.ingest_executor,
+                "embed-passage-states", one_pass.embed_with_states, self.ingest_executor,
                 max_batch=max_batch, isolate_requests=True, gate=self.foreground,
                 **{**common, "concurrency": ingest_threads},  # type: ignore[arg-type]
             )
@@ -510,18 +520,8 @@ class ModelRuntime:
     ) -> tuple[FloatArray, Timing]:
         """Passage vectors (ingest; the ingest pool), by the Latin-script embedder with ``latin``."""
         lane = self._lane(latin)
-        total = Timing()
-        parts: list[FloatArray] = []
-        pending = [
-            lane.passages.submit(list(texts[i : i + batch]), deadline)
-            for i in range(0, len(texts), batch)
-        ]
-        for vectors, timing in await asyncio.gather(*pending):
-            parts.extend(vectors)
-            total = total.add(timing)
-        dim = lane.model.dimension
-        matrix = np.stack(parts).astype(np.float32) if parts else np.zeros((0, dim), np.float32)
-        return matrix, total
+        vectors, total = await _submit_in_requests(lane.passages, texts, deadline, batch)
+        return _stacked(vectors, lane.model.dimension), total
 
     @property
     def states_key(self) -> str | None:
@@ -545,31 +545,19 @@ class ModelRuntime:
             raise RuntimeError("no one-pass passage states (one_pass_states)")
         if len(texts) != len(passages):
             raise ValueError("one passage per text")
-        one_pass = self._one_pass
-        items = list(zip(texts, passages))
-        parts = await asyncio.gather(*(one_pass.submit(items[i : i + batch], deadline)
-                                       for i in range(0, len(items), batch)))
-        total = Timing()
-        outs: list[OnePassOut] = []
-        for out, timing in parts:
-            outs.extend(out)
-            total = total.add(timing)
+        outs, total = await _submit_in_requests(self._one_pass, list(zip(texts, passages)), deadline, batch)
         if self._metrics is not None:
             one = sum(1 for _, _, single in outs if single)
             self._metrics.ingest_states_passes.labels("one").inc(one)
             self._metrics.ingest_states_passes.labels("two").inc(len(outs) - one)
-        dim = self.embedder.dimension
-        matrix = np.stack([v for v, _, _ in outs]).astype(np.float32) if outs else np.zeros((0, dim), np.float32)
-        return matrix, [blob for _, blob, _ in outs], total
+        return _stacked([v for v, _, _ in outs], self.embedder.dimension), [blob for _, blob, _ in outs], total
 
     async def passage_states(self, passages: Sequence[str], deadline: float, batch: int = 16) -> list[bytes]:
         """The reranker's passage states for ``passages`` (ingest; the ingest pool)."""
         if self._states is None:
             raise RuntimeError("the reranker has no cached passage states")
-        states = self._states
-        parts = await asyncio.gather(*(states.submit(list(passages[i : i + batch]), deadline)
-                                       for i in range(0, len(passages), batch)))
-        return [blob for blobs, _ in parts for blob in blobs]
+        blobs, _ = await _submit_in_requests(self._states, passages, deadline, batch)
+        return blobs
 
     async def rerank(
         self, query: str, passages: Sequence[str], deadline: float,
