@@ -200,11 +200,18 @@ def pair_one_pass(cfg: Config, embedder: EmbeddingBackend, reranker: CrossEncode
         return None
     from service.models.one_pass import OnePassStates
 
-    one_pass, why = OnePassStates.pair(embedder, reranker)
+    one_pass, why = OnePassStates.pair(embedder, reranker, second_pass=cfg.rerank_states_second_pass)
     if one_pass is None:
         log.warning("passage states at ingest take a second pass: %s", why)
-    else:
+        return None
+    if cfg.rerank_states_second_pass:
         log.info("passage states at ingest: from the embedding pass where a chunk fits the passage cap")
+    elif cfg.states_write_back:
+        log.info("passage states at ingest: from the embedding pass only; a chunk it cannot serve gets its "
+                 "states at its first rerank (write-back)")
+    else:
+        log.warning("rerank_states_second_pass is off and write-back is off: chunks the embedding pass cannot "
+                    "serve get no stored states and every rerank computes theirs")
     return one_pass
 
 

@@ -80,13 +80,13 @@ class Ingestor:
         else:
             passages = [rerank_passage_text(doc.title, p.text) for p in pieces]
             if self.runtime.one_pass_states:  # vector and states from one pass where they can
-                (vectors, blobs, _), latin_matrix = await asyncio.gather(
+                (vectors, states, _), latin_matrix = await asyncio.gather(
                     self.runtime.embed_passages_with_states(texts, passages, deadline, batch=batch), latin)
             else:  # the reranker's lower layers, in the same pool, alongside the embeddings
                 (vectors, _), latin_matrix, blobs = await asyncio.gather(
                     self.runtime.embed_passages(texts, deadline, batch=batch), latin,
                     self.runtime.passage_states(passages, deadline, batch=batch))
-            states = list(blobs)
+                states = list(blobs)
         for row, i in enumerate(latin_rows):
             latin_vectors[i] = latin_matrix[row]
         records = [

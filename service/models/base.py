@@ -108,7 +108,10 @@ class PassagesWithStates(Protocol):
 
     states_key: str
 
-    def embed_with_states(self, items: list[tuple[str, str]]) -> tuple[list[tuple[FloatArray, bytes, bool]], float, float]:
+    def embed_with_states(
+        self, items: list[tuple[str, str]]
+    ) -> tuple[list[tuple[FloatArray, bytes | None, bool]], float, float]:
         """(embedder text, reranker passage) per chunk -> per chunk (vector, stored-states
-        blob, whether one pass gave both), tokenize seconds, inference seconds."""
+        blob or None where it is left to the chunk's first rerank, whether one pass gave
+        both), tokenize seconds, inference seconds."""
         ...

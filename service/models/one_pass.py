@@ -8,7 +8,9 @@ weights in another int8 rendering (fused attention, QKV quantised together). Ing
 taps them from the embedding pass instead of running the lower layers a second time. A
 chunk whose rows differ gets the lower graph's states as before: past the cap the
 embedder's states have seen tokens the rerank row cuts off (logits moved by ~0.3 on such
-passages, several times the noise).
+passages, several times the noise). With ``second_pass=False`` such a chunk gets no states
+at ingest: its first rerank computes them (and write-back keeps them), so only chunks that
+reach a rerank head pay for that pass (``rerank_states_second_pass``).
 
 The embedding calls are the ones ingest makes without states (a document's chunks
 together, padded as ``tokenize`` pads them), so every vector is the one ingest without
@@ -56,14 +58,15 @@ def token_cosine(a: np.ndarray, b: np.ndarray) -> float:
 class OnePassStates:
     """``PassagesWithStates`` for an ONNX embedder and the split reranker built on it."""
 
-    def __init__(self, embedder: OnnxEmbedder, reranker: OnnxCrossEncoder) -> None:
+    def __init__(self, embedder: OnnxEmbedder, reranker: OnnxCrossEncoder, *, second_pass: bool = True) -> None:
         if reranker.states_key is None:
             raise ValueError(f"{reranker.info.model_id} keeps no passage states")
         self._embedder, self._reranker = embedder, reranker
         self.states_key: str = reranker.states_key
+        self.second_pass = second_pass
 
     @classmethod
-    def pair(cls, embedder: object, reranker: object) -> tuple[OnePassStates | None, str]:
+    def pair(cls, embedder: object, reranker: object, *, second_pass: bool = True) -> tuple[OnePassStates | None, str]:
         """The pairing, or None and why not (the probe; module doc)."""
         if not isinstance(embedder, OnnxEmbedder) or not isinstance(reranker, OnnxCrossEncoder):
             return None, "not an ONNX embedder and split reranker"
@@ -72,7 +75,7 @@ class OnePassStates:
             return None, f"{reranker.info.model_id} keeps no passage states"
         if not embedder.tap_hidden_states(layers):
             return None, f"{embedder.info.model_id} has no output after layer {layers}"
-        one = cls(embedder, reranker)
+        one = cls(embedder, reranker, second_pass=second_pass)
         why = one.probe()
         return (None, why) if why else (one, "")
 
@@ -98,18 +101,24 @@ class OnePassStates:
         ids = [[int(t) for t in row[: int(n)]] for row, n in zip(encoded.input_ids, encoded.attention_mask.sum(axis=1))]
         return vectors, hidden, ids
 
-    def embed_with_states(self, items: list[tuple[str, str]]) -> tuple[list[tuple[FloatArray, bytes, bool]], float, float]:
+    def embed_with_states(
+        self, items: list[tuple[str, str]]
+    ) -> tuple[list[tuple[FloatArray, bytes | None, bool]], float, float]:
         """One call over the items' embedder texts, as ingest without states makes it (the
         runtime hands over a document's chunks as that path does); then the lower graph,
-        one row per call, for the chunks whose rows differ."""
+        one row per call, for the chunks whose rows differ (None for them without
+        ``second_pass``)."""
         t0 = time.perf_counter()
         rows = self._reranker.passage_rows([passage for _, passage in items])
         encoded = self._embedder.tokenize([text for text, _ in items], "passage")
         t1 = time.perf_counter()
         vectors, hidden, ids = self._infer(encoded)
-        out: list[tuple[FloatArray, bytes, bool]] = []
+        out: list[tuple[FloatArray, bytes | None, bool]] = []
         for i, row in enumerate(rows):
-            one = ids[i] == row
-            states = hidden[i][: len(row)] if one else self._reranker.lower_states([row])[0]
-            out.append((vectors[i], self._reranker.encode_states(states), one))
+            if ids[i] == row:
+                out.append((vectors[i], self._reranker.encode_states(hidden[i][: len(row)]), True))
+            elif self.second_pass:
+                out.append((vectors[i], self._reranker.encode_states(self._reranker.lower_states([row])[0]), False))
+            else:
+                out.append((vectors[i], None, False))
         return out, t1 - t0, time.perf_counter() - t1

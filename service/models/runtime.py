@@ -328,9 +328,10 @@ def _timed_states(backend: CrossEncoderBackend) -> BatchFn[str, bytes]:
 
 
 # An ingest item for one pass: the chunk's embedder text and the passage a rerank reads;
-# its result: the vector, the stored-states blob, and whether one pass gave both.
+# its result: the vector, the stored-states blob (None: left to the chunk's first rerank), and
+# whether one pass gave both.
 OnePassItem = tuple[str, str]
-OnePassOut = tuple[FloatArray, bytes, bool]
+OnePassOut = tuple[FloatArray, bytes | None, bool]
 
 
 def _stacked(vectors: list[FloatArray], dimension: int) -> FloatArray:
@@ -536,11 +537,12 @@ class ModelRuntime:
 
     async def embed_passages_with_states(
         self, texts: Sequence[str], passages: Sequence[str], deadline: float, batch: int = 16
-    ) -> tuple[FloatArray, list[bytes], Timing]:
+    ) -> tuple[FloatArray, list[bytes | None], Timing]:
         """Passage vectors for ``texts`` and the reranker's states for ``passages`` (row-
         aligned), from one pass where a chunk's two inputs are the same tokens (ingest; the
-        ingest pool). The texts go in the requests ``embed_passages`` makes of them, so the
-        vectors are its own."""
+        ingest pool); None where a chunk's states are left to its first rerank
+        (``rerank_states_second_pass`` off). The texts go in the requests ``embed_passages``
+        makes of them, so the vectors are its own."""
         if self._one_pass is None:
             raise RuntimeError("no one-pass passage states (one_pass_states)")
         if len(texts) != len(passages):
@@ -548,8 +550,10 @@ class ModelRuntime:
         outs, total = await _submit_in_requests(self._one_pass, list(zip(texts, passages)), deadline, batch)
         if self._metrics is not None:
             one = sum(1 for _, _, single in outs if single)
+            left = sum(1 for _, blob, _ in outs if blob is None)
             self._metrics.ingest_states_passes.labels("one").inc(one)
-            self._metrics.ingest_states_passes.labels("two").inc(len(outs) - one)
+            self._metrics.ingest_states_passes.labels("two").inc(len(outs) - one - left)
+            self._metrics.ingest_states_passes.labels("left").inc(left)
         return _stacked([v for v, _, _ in outs], self.embedder.dimension), [blob for _, blob, _ in outs], total
 
     async def passage_states(self, passages: Sequence[str], deadline: float, batch: int = 16) -> list[bytes]:

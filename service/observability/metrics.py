@@ -93,8 +93,9 @@ class ServiceMetrics:
             "changed or went; skipped: too many writes in flight; failed)", ["result"], registry=r)
         self.ingest_states_passes = Counter(
             "retrieval_ingest_passage_states",
-            "Chunks ingest stored passage states for, by pass (one: tapped from the embedding pass; two: the "
-            "reranker's lower layers ran again, the chunk's rows differ)", ["pass"], registry=r)
+            "Chunks ingest computed passage states for, by pass (one: tapped from the embedding pass; two: the "
+            "reranker's lower layers ran again, the chunk's rows differ; left: rows differ and "
+            "rerank_states_second_pass is off, so the chunk's first rerank computes them)", ["pass"], registry=r)
         self.ingest_held_back = Counter(
             "retrieval_ingest_held_back_seconds", "Time ingest model batches waited because queries were using the models",
             registry=r)

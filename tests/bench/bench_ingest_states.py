@@ -1,7 +1,7 @@
 """Ingest throughput with passage states stored against ingest without, in one run (absolute
 times drift on a shared machine; ratios measured side by side do not).
 
-    .venv/bin/python tests/bench/bench_ingest_states.py [--docs 300] [--rounds 3]
+    .venv/bin/python tests/bench/bench_ingest_states.py [--docs 300] [--rounds 3] [--langs en,zh]
 
 Per language (InsuranceQA valid answers, the eval extra; else the synthetic bench corpus),
 ``--rounds`` rounds of three fresh in-process servers (embedded engine, real gRPC, the
@@ -9,8 +9,9 @@ default models and the shipped split reranker), each ingesting the same document
 stream: without states (``rerank_states`` off, write-back off), with states from one pass
 (the default with ``rerank_states``: tapped from the embedding pass where a chunk's embedder
 input is its rerank row, service/models/one_pass.py), and with two passes
-(``rerank_states_one_pass`` off: the reranker's lower layers run again on every chunk). The
-order rotates each round. Prints chunks/s per server, the median ratio to the round's
+(``rerank_states_one_pass`` off: the reranker's lower layers run again on every chunk), and
+with the one pass only (``rerank_states_second_pass`` off: chunks the embedding pass cannot
+serve are left to their first rerank and write-back). The order rotates each round. Prints chunks/s per server, the median ratio to the round's
 ingest without states, and how many chunks took one pass.
 """
 
@@ -37,7 +38,9 @@ from tests.support.scrape import parse  # noqa: E402
 
 MODES = {"without states": dict(rerank_states=False),
          "states, one pass": dict(rerank_states=True, rerank_states_one_pass=True),
-         "states, two passes": dict(rerank_states=True, rerank_states_one_pass=False)}
+         "states, two passes": dict(rerank_states=True, rerank_states_one_pass=False),
+         "states, one pass only": dict(rerank_states=True, rerank_states_one_pass=True,
+                                       rerank_states_second_pass=False)}
 
 
 async def ingest(data_dir: Path, docs: list[corpus_pb2.Document], settings: dict[str, bool]) -> tuple[float, int, int]:
@@ -61,9 +64,9 @@ async def ingest(data_dir: Path, docs: list[corpus_pb2.Document], settings: dict
     return chunks / seconds, chunks, one
 
 
-async def main(n_docs: int, rounds: int) -> None:
+async def main(n_docs: int, rounds: int, langs: list[str]) -> None:
     names = list(MODES)
-    for lang in ("en", "zh"):
+    for lang in langs:
         docs, _ = corpus(lang, n_docs, 0)
         rates: dict[str, list[float]] = {m: [] for m in names}
         ratios: dict[str, list[float]] = {m: [] for m in names}
@@ -91,5 +94,6 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--docs", type=int, default=300, help="documents per language")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--langs", default="en,zh", help="comma-separated: en, zh")
     a = ap.parse_args()
-    asyncio.run(main(a.docs, a.rounds))
+    asyncio.run(main(a.docs, a.rounds, a.langs.split(",")))

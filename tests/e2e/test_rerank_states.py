@@ -120,6 +120,32 @@ async def _stored_anywhere(engine: Engine, key: str) -> int:
     return len(await engine.passage_states([(c.chunk_id, c.content_hash) for c in chunks], key))
 
 
+async def test_one_pass_only_leaves_the_rest_to_the_first_rerank(start_server: StartServer,
+                                                                  reranker: OnnxCrossEncoder) -> None:
+    """``rerank_states_second_pass`` off: ingest stores the states its embedding pass gives
+    (plain chunks) and none for the demo's sectioned chunks (their breadcrumb sets the two
+    rows apart); a rerank computes those, and write-back (on with the embedded engine) keeps them."""
+    from tests.support.scrape import parse
+
+    assert reranker.states_key is not None
+    live = await start_server(reranker=reranker, rerank_states=True, rerank_states_second_pass=False)
+    engine = live.app.engine
+    assert live.app.runtime.one_pass_states and live.app.cfg.states_write_back
+    scraped = parse(live.app.metrics.exposition().decode())
+    left = scraped[("retrieval_ingest_passage_states_total", (("pass", "left"),))]
+    assert left > 0 and scraped.get(("retrieval_ingest_passage_states_total", (("pass", "two"),)), 0.0) == 0
+    assert await _stored_anywhere(engine, reranker.states_key) == 0, "every demo chunk has a breadcrumb"
+    plain = [corpus_pb2.Document(source_id=f"plain-{i}", version="v1", text=text, collection=types_pb2.COLLECTION_DOC)
+             for i, text in enumerate(PLAIN)]
+    await live.ingest(plain)
+    found = await engine.passage_states([(c.chunk_id, c.content_hash) for c in await engine.get_chunks(
+        [make_chunk_id(d.source_id, 0, d.version) for d in plain])], reranker.states_key)
+    assert len(found) == len(PLAIN), "plain chunks take their states from the embedding pass"
+    await live.retrieve(query=QUERIES[0], top_k=8, options=retrieval_pb2.RetrievalOptions(min_quality=1e-9))
+    await live.app.runner.rerank.states_write_back.drain()
+    assert await _stored_anywhere(engine, reranker.states_key) == live.app.runner.rerank.states_write_back.written > 0
+
+
 async def test_write_back_stores_what_a_rerank_computed(start_server: StartServer, reranker: OnnxCrossEncoder,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Write-back only: ingest stores nothing; the first rerank of a query computes its

@@ -89,6 +89,24 @@ def test_rows_that_differ_take_the_lower_graph(shipped: tuple[OnnxEmbedder, Onnx
                                   embedder.infer(embedder.tokenize([t for t, _ in items], "passage")))
 
 
+def test_without_a_second_pass_rows_that_differ_are_left_to_the_rerank(
+        shipped: tuple[OnnxEmbedder, OnnxCrossEncoder, OnePassStates]) -> None:
+    """``rerank_states_second_pass`` off: the chunks the embedding pass cannot serve get no
+    states (their first rerank computes them); the others get the very bytes they get with
+    the second pass, and every vector is the same."""
+    embedder, reranker, with_second = shipped
+    only_one = OnePassStates(embedder, reranker, second_pass=False)
+    items = [(LONG, rerank_passage_text("", LONG)),
+             ("Title\nPolicies > Life\n" + SHORT[0], rerank_passage_text("Title", SHORT[0])),
+             *[(t, rerank_passage_text("", t)) for t in SHORT]]
+    left, _, _ = only_one.embed_with_states(items)
+    full, _, _ = with_second.embed_with_states(items)
+    assert [blob is None for _, blob, _ in left] == [True, True, False, False, False]
+    assert [b for _, b, _ in left[2:]] == [b for _, b, _ in full[2:]]
+    assert [single for _, _, single in left] == [single for _, _, single in full]
+    np.testing.assert_array_equal(np.stack([v for v, _, _ in left]), np.stack([v for v, _, _ in full]))
+
+
 def test_a_documents_states_are_the_same_bytes_again(
         shipped: tuple[OnnxEmbedder, OnnxCrossEncoder, OnePassStates]) -> None:
     """A tapped chunk's states carry its call's activation scale (its document's chunks):
