@@ -54,6 +54,9 @@ class CachedEmbedder(EmbeddingBackend):
     def __init__(self, inner: EmbeddingBackend, root: Path | None = None, *, flush_every: int = 1024) -> None:
         self.inner = inner
         self.info = inner.info
+        # Served alone or not, a query's vector must be what the wrapped model gives it: the
+        # runtime isolates requests exactly when the wrapped model needs it.
+        self.batch_invariant = inner.batch_invariant
         self.dir = (root or default_cache_root()) / f"{inner.info.sha256[:16]}-L{inner.info.max_length}"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.flush_every = flush_every

@@ -110,6 +110,15 @@ def test_cached_embedder_reuses_vectors(tmp_path: Path) -> None:
     assert len(CachedEmbedder(inner, tmp_path)) == 5  # refund, reset, new text, x, y
 
 
+def test_the_cache_keeps_the_wrapped_models_batch_invariance(tmp_path: Path) -> None:
+    # An int8 model with per-batch activation scales must keep its requests apart in an
+    # evaluation too, or its query vectors would depend on the concurrent questions.
+    inner = HashEmbedder()
+    inner.batch_invariant = False
+    assert CachedEmbedder(inner, tmp_path).batch_invariant is False
+    assert CachedEmbedder(HashEmbedder(), tmp_path).batch_invariant is True
+
+
 def test_offline_rrf_matches_the_pipeline() -> None:
     def hits(ids: list[str]) -> list[Hit]:
         return [Hit(ChunkRecord(chunk_id=i, source_id=i, version="v1", chunk_index=0, collection="doc",
