@@ -127,8 +127,8 @@ class Config:
     # layers; service/models/one_pass.py), so those chunks pay no second pass. Used only when
     # a probe at start finds the two models agree; false: always run the lower layers again.
     rerank_states_one_pass: bool = True
-    # With the one pass: false leaves the chunks it cannot serve (past the passage cap, or
-    # with a breadcrumb) without states at ingest, so ingest runs no second pass; a chunk's
+    # With the one pass: false leaves the chunks it cannot serve (past the passage cap)
+    # without states at ingest, so ingest runs no second pass; a chunk's
     # first rerank computes its states and write-back keeps them ("keep only hot chunks").
     # Faster bulk ingest (Chinese: a fifth of 500-character chunks pass the cap) for a
     # slower first rerank of those chunks. Needs write-back to keep them (logged if off).

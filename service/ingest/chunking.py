@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from service.models.passage_states import rerank_passage_text
+
 _HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
 # Sentence ends: ASCII punctuation only before whitespace (so "v2.4" and "3.5" stay
 # whole); CJK full stops need none. The delimiter stays with its sentence.
@@ -29,7 +31,7 @@ def embedded_text(title: str, chunk: Chunk) -> str:
     """What a chunk is embedded and searched as (its ``search_text``): the document title,
     the chunk's breadcrumb and its text. Everything that must match what ingest embeds
     (the eval's embedding cache, the training pack, the benches) builds it here."""
-    return f"{title}\n{chunk.breadcrumb}\n{chunk.text}".strip()
+    return rerank_passage_text(title, chunk.breadcrumb, chunk.text)
 
 
 def _sections(text: str, base: str) -> list[tuple[str, str]]:

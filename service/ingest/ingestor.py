@@ -78,7 +78,7 @@ class Ingestor:
             (vectors, _), latin_matrix = await asyncio.gather(
                 self.runtime.embed_passages(texts, deadline, batch=batch), latin)
         else:
-            passages = [rerank_passage_text(doc.title, p.text) for p in pieces]
+            passages = [rerank_passage_text(doc.title, p.breadcrumb, p.text) for p in pieces]
             if self.runtime.one_pass_states:  # vector and states from one pass where they can
                 (vectors, states, _), latin_matrix = await asyncio.gather(
                     self.runtime.embed_passages_with_states(texts, passages, deadline, batch=batch), latin)

@@ -2,7 +2,7 @@
 
 The split reranker's lower layers are the embedder's first layers, frozen (README "Cached
 passage states"). So when a chunk's embedder input is, token for token, the row a rerank
-reads (the passage fits the passage cap, and no breadcrumb sets the two texts apart), the
+reads (the passage fits the passage cap; both read title, breadcrumb and text), the
 embedder's hidden states after those layers are the chunk's passage states: the same
 weights in another int8 rendering (fused attention, QKV quantised together). Ingest then
 taps them from the embedding pass instead of running the lower layers a second time. A

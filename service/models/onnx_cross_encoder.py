@@ -25,7 +25,7 @@ import numpy as np
 from service.models._ort import batch_invariant, load_tokenizer, make_session, pad_batch
 from service.models.base import CrossEncoderBackend, Encoded, FloatArray, ModelInfo, pad_rows
 from service.models.manifest import MODEL_FILE, TOKENIZER_FILE, read_manifest
-from service.models.passage_states import StatesCodec
+from service.models.passage_states import STATES_TEXT, StatesCodec
 
 T = TypeVar("T")
 
@@ -73,11 +73,11 @@ class OnnxCrossEncoder(CrossEncoderBackend):
             # compact: the artifact's down-projection (when it has one); else full width.
             projection = states.get("projection_file") if compact_states else None
             self._codec = StatesCodec.load(model_dir / str(projection) if projection else None)
-            # What makes stored states usable: the lower graph that wrote them, the projection
-            # and the format.
+            # What makes stored states usable: the lower graph that wrote them, the projection,
+            # the format and the passage layout they encode.
             proj = str(states.get("projection_sha256", ""))[:16] if projection else "none"
             self.states_key = (f"{self.info.model_id}:lower-{str(states['lower_onnx_sha256'])[:16]}"
-                               f":proj-{proj}:f{self._codec.fmt}")
+                               f":proj-{proj}:f{self._codec.fmt}:{STATES_TEXT}")
             if self._passage_max < int(str(manifest["passage_max_tokens"])):
                 # States cut at another passage cap are other states (the lower layers saw
                 # other text): never read across caps. The trained cap keeps the old key.

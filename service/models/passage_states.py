@@ -29,14 +29,21 @@ F32 = npt.NDArray[np.float32]
 STATES_FORMAT = 1
 # 2: the same after projecting each token onto the fitted components.
 PROJECTED_FORMAT = 2
+# The passage layout the stored states encode (``rerank_passage_text``), in the states key:
+# "t2" added the breadcrumb (states written for the "title\ntext" layout are not read).
+STATES_TEXT = "t2"
 PROJECTION_FILE = "states_projection.npz"
 _HEADER = struct.Struct("<BHH")  # format, tokens, width
 
 
-def rerank_passage_text(title: str, text: str) -> str:
-    """The passage the reranker judges for a chunk: what ingest computes states for must be
-    exactly what a rerank would otherwise tokenize."""
-    return f"{title}\n{text}"
+def rerank_passage_text(title: str, breadcrumb: str, text: str) -> str:
+    """The passage the reranker judges for a chunk, and what ingest embeds and searches it as
+    (``chunking.embedded_text``): the document title, the chunk's breadcrumb and its text.
+    One layout for both, so the reranker reads the section a chunk sits in as the first stage
+    does, and the embedding pass's hidden states are the passage states wherever the passage
+    fits the reranker's cap (``one_pass``). States stored for a chunk must be for exactly the
+    text a rerank would otherwise tokenize: ``STATES_TEXT`` in the states key names this layout."""
+    return f"{title}\n{breadcrumb}\n{text}".strip()
 
 
 def encode_states(states: npt.NDArray[np.float32], fmt: int = STATES_FORMAT) -> bytes:

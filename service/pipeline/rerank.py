@@ -57,7 +57,7 @@ class RerankStage:
         try:
             if left <= 0:
                 raise DeadlineExceeded("no time left for reranking")
-            passages = [rerank_passage_text(c.chunk.title, c.chunk.text) for c in head]
+            passages = [rerank_passage_text(c.chunk.title, c.chunk.breadcrumb, c.chunk.text) for c in head]
             states = await stored_states(self.engine, self.runtime.states_key, head, left)
             computed: dict[int, bytes] = {}
             scores, timing = await asyncio.wait_for(

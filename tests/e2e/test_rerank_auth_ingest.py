@@ -104,3 +104,20 @@ async def test_delete_document_removes_one_version(start_server: StartServer) ->
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await live.corpus.DeleteDocument(corpus_pb2.DeleteDocumentRequest(source_id="release-notes", version="v2.3"))
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_the_reranker_reads_the_title_and_breadcrumb_the_first_stage_read(start_server: StartServer) -> None:
+    """A chunk is reranked as it was embedded and searched: title, breadcrumb, text. The
+    overlap reranker scores the share of query terms in the passage it is handed, so terms
+    found only in the section path count only if the breadcrumb reached it."""
+    from service.models.dummy import OverlapCrossEncoder
+
+    live = await start_server(reranker=OverlapCrossEncoder(), demo=False)
+    doc = corpus_pb2.Document(source_id="retention", version="v1", title="Storage",
+                              breadcrumb="Compliance > Legal hold", text="Deleted files are kept for 30 days.",
+                              collection=types_pb2.COLLECTION_DOC)
+    assert not (await live.ingest([doc])).errors
+    [item] = evidence_of(await live.retrieve(query="legal hold storage", top_k=1,
+                                             options=retrieval_pb2.RetrievalOptions(min_quality=1e-9)))
+    assert item.breadcrumb == "Compliance > Legal hold"
+    assert item.rerank_score == pytest.approx(5.0)  # every query term: "legal", "hold" (breadcrumb), "storage" (title)

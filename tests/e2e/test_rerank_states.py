@@ -19,6 +19,16 @@ pytestmark = pytest.mark.slow
 RERANKER = DEFAULT_RERANKER  # the default pair's reranker
 NOISE = 0.5  # logits; measured on these queries: largest move 0.36, largest swap 0.42
 PLAIN = ["Term life insurance pays a benefit if you die during the term.", "定期寿险在保险期间内身故时给付保险金。"]
+# One chunk (333 characters, 232 tokens): past the passage cap (192 as trained, 128 served),
+# the embedding pass reads further than a rerank row, so its states take the lower graph.
+LONG_ZH = ("长期护理保险在被保险人因疾病或意外需要长期护理时按合同约定给付护理保险金，等待期为九十天。"
+           "保单的现金价值可以用于申请保单贷款，贷款利率按年计算，逾期未还将影响保障。"
+           "如需理赔，请准备身份证明、医疗诊断证明、护理评估报告以及银行账户信息，并在事故发生后三十日内提交。"
+           "本保险不承担战争、核辐射、酒后驾驶以及故意自伤导致的护理费用。续保时保险费率可能根据年龄调整。"
+           "投保人可以在犹豫期内无条件解除合同并退还全部保险费，犹豫期过后解除合同只退还现金价值。"
+           "护理保险金按月给付，最长给付期间为十年，被保险人身故后停止给付。"
+           "被保险人在合同有效期内确诊阿尔茨海默病或帕金森病并经评估需要护理的，也属于保障范围。"
+           "保险公司会在收到完整理赔材料后十个工作日内作出核定，并通知受益人领取保险金。")
 QUERIES = ["reset password", "how do I get a refund for an invoice", "orion-pager escalation", "如何重置密码"]
 
 
@@ -54,8 +64,8 @@ async def test_stored_states_rerank_like_recomputation(start_server: StartServer
     engine = live.app.engine
     assert await _stored(engine, reranker.states_key) > 0
     # Ingest takes a chunk's states from its embedding pass when the embedder read exactly
-    # the rerank's row (service/models/one_pass.py): not the demo's sectioned chunks (their
-    # breadcrumb is embedded, not reranked: the lower graph ran again), but plain ones.
+    # the rerank's row (service/models/one_pass.py): every demo chunk (title, breadcrumb and
+    # text are read by both, within the cap), and not a chunk past the passage cap.
     from tests.support.scrape import parse
 
     assert live.app.runtime.one_pass_states
@@ -67,14 +77,14 @@ async def test_stored_states_rerank_like_recomputation(start_server: StartServer
                 for p in passes}
 
     passes = count()
-    assert passes["one"] == 0 and passes["two"] == await _stored_anywhere(engine, reranker.states_key) > 0
+    assert passes["two"] == 0 and passes["one"] == await _stored_anywhere(engine, reranker.states_key) > 0
     plain = [corpus_pb2.Document(source_id=f"plain-{i}", version="v1", text=text, collection=types_pb2.COLLECTION_DOC)
-             for i, text in enumerate(PLAIN)]
+             for i, text in enumerate([*PLAIN, LONG_ZH])]
     await live.ingest(plain)
-    assert count() == {"one": len(PLAIN), "two": 0}
+    assert count() == {"one": len(PLAIN), "two": 1}
     found = await engine.passage_states([(c.chunk_id, c.content_hash) for c in await engine.get_chunks(
         [make_chunk_id(d.source_id, 0, d.version) for d in plain])], reranker.states_key)
-    assert len(found) == len(PLAIN)
+    assert len(found) == len(plain)
     ask = dict(top_k=8, options=retrieval_pb2.RetrievalOptions(min_quality=1e-9))
     stored = {q: evidence_of(await live.retrieve(query=q, **ask)) for q in QUERIES}  # type: ignore[arg-type]
 
@@ -123,27 +133,39 @@ async def _stored_anywhere(engine: Engine, key: str) -> int:
 async def test_one_pass_only_leaves_the_rest_to_the_first_rerank(start_server: StartServer,
                                                                   reranker: OnnxCrossEncoder) -> None:
     """``rerank_states_second_pass`` off: ingest stores the states its embedding pass gives
-    (plain chunks) and none for the demo's sectioned chunks (their breadcrumb sets the two
-    rows apart); a rerank computes those, and write-back (on with the embedded engine) keeps them."""
+    (the demo's chunks, plain ones) and none for a chunk past the passage cap; a rerank
+    computes those, and write-back (on with the embedded engine) keeps them."""
     from tests.support.scrape import parse
 
     assert reranker.states_key is not None
     live = await start_server(reranker=reranker, rerank_states=True, rerank_states_second_pass=False)
     engine = live.app.engine
     assert live.app.runtime.one_pass_states and live.app.cfg.states_write_back
-    scraped = parse(live.app.metrics.exposition().decode())
-    left = scraped[("retrieval_ingest_passage_states_total", (("pass", "left"),))]
-    assert left > 0 and scraped.get(("retrieval_ingest_passage_states_total", (("pass", "two"),)), 0.0) == 0
-    assert await _stored_anywhere(engine, reranker.states_key) == 0, "every demo chunk has a breadcrumb"
+
+    def passes() -> dict[str, float]:
+        scraped = parse(live.app.metrics.exposition().decode())
+        return {p: scraped.get(("retrieval_ingest_passage_states_total", (("pass", p),)), 0.0)
+                for p in ("one", "two", "left")}
+
+    demo = passes()
+    assert demo["one"] == await _stored_anywhere(engine, reranker.states_key) > 0 and demo["left"] == demo["two"] == 0
     plain = [corpus_pb2.Document(source_id=f"plain-{i}", version="v1", text=text, collection=types_pb2.COLLECTION_DOC)
-             for i, text in enumerate(PLAIN)]
+             for i, text in enumerate([*PLAIN, LONG_ZH])]
     await live.ingest(plain)
-    found = await engine.passage_states([(c.chunk_id, c.content_hash) for c in await engine.get_chunks(
-        [make_chunk_id(d.source_id, 0, d.version) for d in plain])], reranker.states_key)
-    assert len(found) == len(PLAIN), "plain chunks take their states from the embedding pass"
-    await live.retrieve(query=QUERIES[0], top_k=8, options=retrieval_pb2.RetrievalOptions(min_quality=1e-9))
+    after = passes()
+    assert {p: after[p] - demo[p] for p in after} == {"one": len(PLAIN), "two": 0, "left": 1}
+
+    async def stored_for(docs: list[corpus_pb2.Document]) -> dict[str, bytes]:
+        chunks = await engine.get_chunks([make_chunk_id(d.source_id, 0, d.version) for d in docs])
+        return await engine.passage_states([(c.chunk_id, c.content_hash) for c in chunks], reranker.states_key)
+
+    assert len(await stored_for(plain[:-1])) == len(PLAIN), "plain chunks take their states from the embedding pass"
+    assert await stored_for(plain[-1:]) == {}, "past the cap: left to its first rerank"
+    reply = await live.retrieve(query="长期护理保险的等待期和给付期间", top_k=8,
+                                options=retrieval_pb2.RetrievalOptions(min_quality=1e-9))
+    assert "plain-2" in {e.source_id for e in evidence_of(reply)}
     await live.app.runner.rerank.states_write_back.drain()
-    assert await _stored_anywhere(engine, reranker.states_key) == live.app.runner.rerank.states_write_back.written > 0
+    assert len(await stored_for(plain[-1:])) == 1, "its first rerank computed them and write-back kept them"
 
 
 async def test_write_back_stores_what_a_rerank_computed(start_server: StartServer, reranker: OnnxCrossEncoder,
