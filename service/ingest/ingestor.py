@@ -25,7 +25,6 @@ from service.engines.base import ChunkRecord, Engine, Vector, make_chunk_id
 from service.ingest.chunking import chunk_document, embedded_text
 from service.ingest.documents import DocumentInput, validate_document
 from service.models.base import FloatArray
-from service.models.passage_states import rerank_passage_text
 from service.models.runtime import ModelRuntime
 from service.script import has_han
 
@@ -78,14 +77,15 @@ class Ingestor:
             (vectors, _), latin_matrix = await asyncio.gather(
                 self.runtime.embed_passages(texts, deadline, batch=batch), latin)
         else:
-            passages = [rerank_passage_text(doc.title, p.breadcrumb, p.text) for p in pieces]
+            # A rerank reads a chunk as it is embedded (``rerank_passage_text``): the states
+            # are computed over ``texts`` too.
             if self.runtime.one_pass_states:  # vector and states from one pass where they can
                 (vectors, states, _), latin_matrix = await asyncio.gather(
-                    self.runtime.embed_passages_with_states(texts, passages, deadline, batch=batch), latin)
+                    self.runtime.embed_passages_with_states(texts, deadline, batch=batch), latin)
             else:  # the reranker's lower layers, in the same pool, alongside the embeddings
                 (vectors, _), latin_matrix, blobs = await asyncio.gather(
                     self.runtime.embed_passages(texts, deadline, batch=batch), latin,
-                    self.runtime.passage_states(passages, deadline, batch=batch))
+                    self.runtime.passage_states(texts, deadline, batch=batch))
                 states = list(blobs)
         for row, i in enumerate(latin_rows):
             latin_vectors[i] = latin_matrix[row]

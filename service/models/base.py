@@ -109,9 +109,9 @@ class PassagesWithStates(Protocol):
     states_key: str
 
     def embed_with_states(
-        self, items: list[tuple[str, str]]
+        self, texts: list[str]
     ) -> tuple[list[tuple[FloatArray, bytes | None, bool]], float, float]:
-        """(embedder text, reranker passage) per chunk -> per chunk (vector, stored-states
-        blob or None where it is left to the chunk's first rerank, whether one pass gave
-        both), tokenize seconds, inference seconds."""
+        """Chunk texts (what the embedder embeds and a rerank reads) -> per chunk (vector,
+        stored-states blob or None where it is left to the chunk's first rerank, whether one
+        pass gave both), tokenize seconds, inference seconds."""
         ...

@@ -102,15 +102,14 @@ class OnePassStates:
         return vectors, hidden, ids
 
     def embed_with_states(
-        self, items: list[tuple[str, str]]
+        self, texts: list[str]
     ) -> tuple[list[tuple[FloatArray, bytes | None, bool]], float, float]:
-        """One call over the items' embedder texts, as ingest without states makes it (the
-        runtime hands over a document's chunks as that path does); then the lower graph,
-        one row per call, for the chunks whose rows differ (None for them without
-        ``second_pass``)."""
+        """One call over the chunk texts, as ingest without states makes it (the runtime
+        hands over a document's chunks as that path does); then the lower graph, one row per
+        call, for the chunks whose rows differ (None for them without ``second_pass``)."""
         t0 = time.perf_counter()
-        rows = self._reranker.passage_rows([passage for _, passage in items])
-        encoded = self._embedder.tokenize([text for text, _ in items], "passage")
+        rows = self._reranker.passage_rows(texts)
+        encoded = self._embedder.tokenize(texts, "passage")
         t1 = time.perf_counter()
         vectors, hidden, ids = self._infer(encoded)
         out: list[tuple[FloatArray, bytes | None, bool]] = []

@@ -327,10 +327,8 @@ def _timed_states(backend: CrossEncoderBackend) -> BatchFn[str, bytes]:
     return run
 
 
-# An ingest item for one pass: the chunk's embedder text and the passage a rerank reads;
-# its result: the vector, the stored-states blob (None: left to the chunk's first rerank), and
-# whether one pass gave both.
-OnePassItem = tuple[str, str]
+# A one-pass result for a chunk's text: the vector, the stored-states blob (None: left to the
+# chunk's first rerank), and whether one pass gave both.
 OnePassOut = tuple[FloatArray, bytes | None, bool]
 
 
@@ -441,7 +439,7 @@ class ModelRuntime:
             )
         # Ingest's vectors and states from one pass where the embedder's pass is the
         # reranker's lower layers (``one_pass.py``); only for the states this runtime stores.
-        self._one_pass: MicroBatcher[OnePassItem, OnePassOut] | None = None
+        self._one_pass: MicroBatcher[str, OnePassOut] | None = None
         if one_pass is not None and self.ingest_states and one_pass.states_key == self._states_key:
             # A request (a document's chunks, ``embed_passages_with_states``) runs alone, as
             # in ``embed_passages``: the same calls, so the same vectors, bit for bit.
@@ -451,7 +449,7 @@ class ModelRuntime:
                 **{**common, "concurrency": ingest_threads},  # type: ignore[arg-type]
             )
         self._batchers: list[MicroBatcher[str, FloatArray] | MicroBatcher[RerankItem, RerankOut]
-                             | MicroBatcher[str, bytes] | MicroBatcher[OnePassItem, OnePassOut]] = [
+                             | MicroBatcher[str, bytes] | MicroBatcher[str, OnePassOut]] = [
             b for lane in self._lanes for b in (lane.queries, lane.passages)]
         self._batchers += [b for b in (self._rerank, self._states, self._one_pass) if b is not None]
 
@@ -536,18 +534,16 @@ class ModelRuntime:
         return self._one_pass is not None
 
     async def embed_passages_with_states(
-        self, texts: Sequence[str], passages: Sequence[str], deadline: float, batch: int = 16
+        self, texts: Sequence[str], deadline: float, batch: int = 16
     ) -> tuple[FloatArray, list[bytes | None], Timing]:
-        """Passage vectors for ``texts`` and the reranker's states for ``passages`` (row-
-        aligned), from one pass where a chunk's two inputs are the same tokens (ingest; the
-        ingest pool); None where a chunk's states are left to its first rerank
-        (``rerank_states_second_pass`` off). The texts go in the requests ``embed_passages``
-        makes of them, so the vectors are its own."""
+        """Passage vectors and the reranker's states for the chunk ``texts`` (what ingest
+        embeds is what a rerank reads, ``rerank_passage_text``), from one pass where the
+        two models' rows are the same tokens (ingest; the ingest pool); None where a chunk's
+        states are left to its first rerank (``rerank_states_second_pass`` off). The texts go
+        in the requests ``embed_passages`` makes of them, so the vectors are its own."""
         if self._one_pass is None:
             raise RuntimeError("no one-pass passage states (one_pass_states)")
-        if len(texts) != len(passages):
-            raise ValueError("one passage per text")
-        outs, total = await _submit_in_requests(self._one_pass, list(zip(texts, passages)), deadline, batch)
+        outs, total = await _submit_in_requests(self._one_pass, list(texts), deadline, batch)
         if self._metrics is not None:
             one = sum(1 for _, _, single in outs if single)
             left = sum(1 for _, blob, _ in outs if blob is None)

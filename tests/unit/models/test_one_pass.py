@@ -49,7 +49,7 @@ def test_tapping_changes_no_vector(models_dir: Path, shipped: tuple[OnnxEmbedder
     vectors, hidden = tapped.infer_with_hidden(tapped.tokenize(texts, "passage"))
     np.testing.assert_array_equal(vectors, before)
     assert hidden.shape[::2] == (len(texts), 384)
-    out, _, _ = one_pass.embed_with_states([(t, rerank_passage_text("", "", t)) for t in texts])
+    out, _, _ = one_pass.embed_with_states(texts)
     np.testing.assert_array_equal(np.stack([v for v, _, _ in out]), before)
 
 
@@ -57,7 +57,7 @@ def test_one_pass_states_rerank_like_the_lower_graphs(
         shipped: tuple[OnnxEmbedder, OnnxCrossEncoder, OnePassStates]) -> None:
     _, reranker, one_pass = shipped
     passages = [rerank_passage_text("", "", t) for t in SHORT]
-    out, _, _ = one_pass.embed_with_states([(t, p) for t, p in zip(SHORT, passages)])
+    out, _, _ = one_pass.embed_with_states(passages)
     assert [single for _, _, single in out] == [True] * len(SHORT)
     tapped = [blob for _, blob, _ in out]
     lower = reranker.passage_states(passages)
@@ -80,14 +80,12 @@ def test_rows_that_differ_take_the_lower_graph(shipped: tuple[OnnxEmbedder, Onnx
     bytes as a rerank would compute. A title and a breadcrumb are read by both (one layout,
     ``rerank_passage_text``): one pass."""
     embedder, reranker, one_pass = shipped
-    items = [(LONG, rerank_passage_text("", "", LONG)),
-             ("Title\nPolicies > Life\n" + SHORT[0], rerank_passage_text("Title", "Policies > Life", SHORT[0])),
-             ("Title\n" + SHORT[0], rerank_passage_text("Title", "", SHORT[0]))]
-    out, _, _ = one_pass.embed_with_states(items)
+    texts = [rerank_passage_text("", "", LONG), rerank_passage_text("Title", "Policies > Life", SHORT[0]),
+             rerank_passage_text("Title", "", SHORT[0])]
+    out, _, _ = one_pass.embed_with_states(texts)
     assert [single for _, _, single in out] == [False, True, True]
-    assert [blob for _, blob, _ in out[:1]] == reranker.passage_states([items[0][1]])
-    np.testing.assert_array_equal(np.stack([v for v, _, _ in out]),
-                                  embedder.infer(embedder.tokenize([t for t, _ in items], "passage")))
+    assert [blob for _, blob, _ in out[:1]] == reranker.passage_states(texts[:1])
+    np.testing.assert_array_equal(np.stack([v for v, _, _ in out]), embedder.infer(embedder.tokenize(texts, "passage")))
 
 
 def test_without_a_second_pass_rows_that_differ_are_left_to_the_rerank(
@@ -97,11 +95,10 @@ def test_without_a_second_pass_rows_that_differ_are_left_to_the_rerank(
     the second pass, and every vector is the same."""
     embedder, reranker, with_second = shipped
     only_one = OnePassStates(embedder, reranker, second_pass=False)
-    items = [(LONG, rerank_passage_text("", "", LONG)),
-             ("Title\nPolicies > Life\n" + SHORT[0], rerank_passage_text("Title", "Policies > Life", SHORT[0])),
-             *[(t, rerank_passage_text("", "", t)) for t in SHORT]]
-    left, _, _ = only_one.embed_with_states(items)
-    full, _, _ = with_second.embed_with_states(items)
+    texts = [rerank_passage_text("", "", LONG), rerank_passage_text("Title", "Policies > Life", SHORT[0]),
+             *[rerank_passage_text("", "", t) for t in SHORT]]
+    left, _, _ = only_one.embed_with_states(texts)
+    full, _, _ = with_second.embed_with_states(texts)
     assert [blob is None for _, blob, _ in left] == [True, False, False, False, False]
     assert [b for _, b, _ in left[1:]] == [b for _, b, _ in full[1:]]
     assert [single for _, _, single in left] == [single for _, _, single in full]
@@ -113,11 +110,11 @@ def test_a_documents_states_are_the_same_bytes_again(
     """A tapped chunk's states carry its call's activation scale (its document's chunks):
     the same document gives the same bytes again, and alone its chunk stays within noise."""
     _, reranker, one_pass = shipped
-    items = [(t, rerank_passage_text("", "", t)) for t in [*SHORT, LONG]]
-    first, _, _ = one_pass.embed_with_states(items)
-    again, _, _ = one_pass.embed_with_states(items)
+    texts = [rerank_passage_text("", "", t) for t in [*SHORT, LONG]]
+    first, _, _ = one_pass.embed_with_states(texts)
+    again, _, _ = one_pass.embed_with_states(texts)
     assert [b for _, b, _ in first] == [b for _, b, _ in again]
-    (_, alone, _), = one_pass.embed_with_states(items[:1])[0]
+    (_, alone, _), = one_pass.embed_with_states(texts[:1])[0]
     assert token_cosine(reranker._codec.decode(alone), reranker._codec.decode(first[0][1])) > 0.9
 
 
