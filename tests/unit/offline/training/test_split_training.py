@@ -54,6 +54,40 @@ def test_pack_from_user_judgements_holds_out_valid(tmp_path: Path, e5_int8_dir: 
     assert d.valid_rel.any(axis=1).all()  # every held-out question has its answer among the candidates
 
 
+def test_a_user_corpus_is_packed_as_serving_reads_it(tmp_path: Path, e5_int8_dir: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reranker trained on your own corpus reads each passage with its title and breadcrumb,
+    as the served reranker judges a chunk, and negatives are mined with the vectors ingest
+    stores (heading breadcrumbs included)."""
+    from tokenizers import Tokenizer
+
+    from service.eval.embedding_cache import CachedEmbedder
+    from service.models.onnx_embedder import load_embedder
+    from service.offline.training.data import load_pack
+    from service.offline.training.pack import build_pack
+
+    judged, corpus = _write_user_data(tmp_path)
+    docs = [json.loads(line) for line in corpus.read_text().splitlines()]
+    docs[0].update(title="Life cover", breadcrumb="Help Center > Policies")
+    docs[2].update(title="Car cover", text="# Claims\n" + docs[2]["text"])
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    monkeypatch.setenv("RETRIEVAL_EMBEDDINGS_CACHE", str(tmp_path / "emb-cache"))
+    pack_dir = tmp_path / "pack"
+    build_pack(pack_dir, ("user",), valid_questions=2, bm25_negatives=4, dense_negatives=4, shipped_negatives=1,
+               candidates=8, model_dir=e5_int8_dir, judgements=(judged, corpus), log=lambda m: None)
+    pack = load_pack(pack_dir)
+    tok = Tokenizer.from_file(str(e5_int8_dir / "tokenizer.json"))
+    packed = pack.langs["user"].docs
+    rows = {tuple(pack.vocab_keep[packed[i]].tolist()) for i in range(len(packed))}
+    life = docs[0]["text"]
+    assert tuple(tok.encode(f"Life cover\nHelp Center > Policies\n{life}", add_special_tokens=False).ids) in rows
+    assert tuple(tok.encode(life, add_special_tokens=False).ids) not in rows
+    cached = CachedEmbedder(load_embedder(e5_int8_dir, threads=1))
+    assert cached.contains(f"Life cover\nHelp Center > Policies\n{life}")
+    assert cached.contains(f"Car cover\nClaims\n{docs[2]['text'].split(chr(10), 1)[1]}")
+    assert not cached.contains(life)  # the old layout: text alone
+
+
 def test_split_cache_train_resume_export_serve(tmp_path: Path, e5_int8_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torch", reason=TORCH_REASON)
     from service.models.onnx_cross_encoder import load_cross_encoder
