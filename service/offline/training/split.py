@@ -385,6 +385,13 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     # Every (lang, question) with a positive and negatives, shuffled per epoch.
     items = [(lang, qi) for lang, d in pack.langs.items() for qi in range(len(d.train_q))
              if len(d.train_pos[qi]) and len(d.train_neg[qi])]
+    if teacher is not None and args.teacher_only:
+        # Only the questions the teacher scored (a teacher run cut short, or a sample): the
+        # others would learn from their labels alone. Question indices are the split's order,
+        # the same in every language of an InsuranceQA pack (parallel questions).
+        scored = {qi for table in teacher.values() for qi, _ in table}
+        items = [(lang, qi) for lang, qi in items if qi in scored]
+        _log(f"--teacher-only: {len(items)} groups a pass, over the {len(scored)} questions the teacher scored")
     steps_per_epoch = len(items) // groups_per_step
     planned = int(args.epochs * steps_per_epoch)
     params = [
@@ -476,6 +483,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     emit("final_eval", result=final)
     save_weights(model, args.out, {"layout": layout.__dict__, "upper": args.upper, "steps": step,
                                    "train_seconds": round(train_seconds, 1), "precision": "bf16" if bf16 else "fp32",
+                                   "groups_per_pass": len(items),
                                    "args": {k: str(v) for k, v in vars(args).items()},
                                    "final_eval": final})
     return {"steps": step, "final_eval": final, "train_seconds": train_seconds}
@@ -530,6 +538,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--teacher", type=Path, default=None,
                    help="teacher.npz (service.offline.training.teacher): distil the joint cross-encoder's list scores")
     p.add_argument("--distill", type=float, default=0.5, help="weight of the distillation term (with --teacher)")
+    p.add_argument("--teacher-only", action="store_true",
+                   help="train only on the question indices the teacher scored (in every language)")
     p.add_argument("--distill-temp", type=float, default=1.0, help="softmax temperature of the distillation term")
     p.add_argument("--eval-every", type=int, default=600)
     p.add_argument("--eval-start", action="store_true")

@@ -181,6 +181,36 @@ def test_distillation_term_follows_the_teacher_and_skips_unscored_groups() -> No
     assert float(none) == 0.0
 
 
+def test_teacher_only_trains_on_the_questions_the_teacher_scored(tmp_path: Path, e5_int8_dir: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # A teacher that scored a prefix of the questions (a cut run, a cross-lingual sample):
+    # --teacher-only keeps the groups it can teach, the others would learn from labels alone.
+    pytest.importorskip("torch", reason=TORCH_REASON)
+    from service.offline.training.data import load_pack
+    from service.offline.training.split import main as split_main
+    from service.offline.training.teacher import question_pairs
+
+    pack_dir = _pack(tmp_path, e5_int8_dir, monkeypatch)
+    cache = tmp_path / "cache"
+    split_main(["cache", "--pack", str(pack_dir), "--cache", str(cache), "--lower", "10"])
+    off, doc = question_pairs(load_pack(pack_dir), "user")
+    scored = 3
+    np.savez(tmp_path / "teacher.npz", user_off=off[: scored + 1], user_doc=doc[: off[scored]],
+             user_score=np.linspace(1, -1, int(off[scored])).astype(np.float16), user_done=np.int64(scored),
+             meta=np.array(json.dumps({"report": {"user": {"scored": scored}}, "layers": 12})))
+
+    def train(out: Path, *extra: str) -> dict[str, object]:
+        split_main(["train", "--pack", str(pack_dir), "--cache", str(cache), "--out", str(out), "--group", "3",
+                    "--batch-groups", "1", "--final-eval-questions", "1", "--eval-depth", "8", "--fp32",
+                    "--threads", "1", "--epochs", "1", "--teacher", str(tmp_path / "teacher.npz"), *extra])
+        return dict(json.loads((out / "split-weights.json").read_text()))
+
+    everything = train(tmp_path / "all")
+    assert everything["groups_per_pass"] == 7 and everything["steps"] == 7
+    only = train(tmp_path / "only", "--teacher-only")
+    assert only["groups_per_pass"] == scored and only["steps"] == scored
+
+
 def test_platt_fit_on_saturated_logits() -> None:
     """Raw reranker logits sit far from 0 (20 x cosine): the fit must not diverge there."""
     from service.offline.training.split_export import fit_platt
