@@ -31,6 +31,18 @@ def pad_rows(rows: Sequence[Sequence[int] | npt.NDArray[np.int64]], pad_id: int,
     return ids, mask
 
 
+def pad_states(arrays: Sequence[npt.NDArray[Any]], hidden: int) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+    """Per-row hidden states ([tokens, hidden] each) as float32 [n, width, hidden] and the
+    int64 attention mask, width = the longest row: the split reranker's joint-graph feeds."""
+    width = max((a.shape[0] for a in arrays), default=0)
+    x = np.zeros((len(arrays), width, hidden), np.float32)
+    mask = np.zeros((len(arrays), width), np.int64)
+    for i, a in enumerate(arrays):
+        x[i, : a.shape[0]] = a
+        mask[i, : a.shape[0]] = 1
+    return x, mask
+
+
 @dataclass
 class Encoded:
     """Tokenizer output for one batch, ready for ``infer``."""

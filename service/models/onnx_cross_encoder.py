@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from service.models._ort import batch_invariant, load_tokenizer, make_session, pad_batch
-from service.models.base import CrossEncoderBackend, Encoded, FloatArray, ModelInfo, pad_rows
+from service.models.base import CrossEncoderBackend, Encoded, FloatArray, ModelInfo, pad_rows, pad_states
 from service.models.manifest import MODEL_FILE, TOKENIZER_FILE, read_manifest
 from service.models.passage_states import STATES_TEXT, StatesCodec
 
@@ -230,21 +230,12 @@ class OnnxCrossEncoder(CrossEncoderBackend):
             ex["computed_states"] = dict(zip(ex["missing"], blobs))  # for a write-back
         hidden = q_states[0].shape[1]
 
-        def stack(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-            width = max(a.shape[0] for a in arrays)
-            x = np.zeros((len(arrays), width, hidden), np.float32)
-            mask = np.zeros((len(arrays), width), np.int64)
-            for i, a in enumerate(arrays):
-                x[i, : a.shape[0]] = a
-                mask[i, : a.shape[0]] = 1
-            return x, mask
-
-        qx, qmask = stack(q_states)
+        qx, qmask = pad_states(q_states, hidden)
         of = ex["query_of"]
         logits = np.zeros(n, np.float32)
 
         def run(group: list[int]) -> np.ndarray:
-            px, pmask = stack([per_row[i] for i in group])
+            px, pmask = pad_states([per_row[i] for i in group], hidden)
             rows = of[group]
             out = self._joint.run(None, {"query_states": qx[rows], "query_mask": qmask[rows],
                                          "passage_states": px, "passage_mask": pmask})[0]

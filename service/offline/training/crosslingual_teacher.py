@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from service.offline.training.data import Ragged, load_pack
+from service.models.base import pad_states
+from service.offline.training.data import load_pack
 from service.offline.training.pack import MANIFEST_FILE
 from service.offline.training.teacher import question_pairs
 
@@ -43,17 +44,6 @@ ROWS_PER_CALL = 8  # pairs per joint-graph call, length-sorted (padding against 
 
 def _log(msg: str) -> None:
     print(f"[crosslingual-teacher] {msg}", file=sys.stderr, flush=True)
-
-
-def _stack(rows: npt.NDArray[np.int64], states: Ragged, width_hidden: int) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
-    arrays = [states[int(r)] for r in rows]
-    width = max(a.shape[0] for a in arrays)
-    x = np.zeros((len(arrays), width, width_hidden), np.float32)
-    mask = np.zeros((len(arrays), width), np.int64)
-    for i, a in enumerate(arrays):
-        x[i, : a.shape[0]] = a
-        mask[i, : a.shape[0]] = 1
-    return x, mask
 
 
 def score(pack_dir: Path, cache: Path, reranker: Path, source: str, target: str, questions: int | None,
@@ -91,8 +81,8 @@ def score(pack_dir: Path, cache: Path, reranker: Path, source: str, target: str,
     scores = np.zeros(pairs, np.float32)
 
     def run(rows: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
-        qx, qm = _stack(qof[rows], states.train_q, hidden)
-        px, pm = _stack(doc[rows].astype(np.int64), states.docs, hidden)
+        qx, qm = pad_states([states.train_q[int(q)] for q in qof[rows]], hidden)
+        px, pm = pad_states([states.docs[int(x)] for x in doc[rows]], hidden)
         logits = session.run(None, {"query_states": qx, "query_mask": qm, "passage_states": px, "passage_mask": pm})[0]
         return rows, np.asarray(logits, np.float32).reshape(-1)
 
