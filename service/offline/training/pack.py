@@ -39,6 +39,7 @@ import numpy.typing as npt
 from service.models.manifest import sha256_file
 
 if TYPE_CHECKING:
+    from service.config import Config
     from service.ingest.documents import DocumentInput
 
 PACK_VERSION = 1
@@ -83,13 +84,11 @@ def passage_text(doc: DocumentInput) -> str:
     return rerank_passage_text(doc.title, doc.breadcrumb, doc.text)
 
 
-def chunk_texts(doc: DocumentInput) -> list[str]:
+def chunk_texts(doc: DocumentInput, cfg: Config) -> list[str]:
     """A document's chunks exactly as ingest embeds them (its chunking, breadcrumbs and
     collection rules, ``embedded_text``), so the dense leg mines with serving's vectors."""
-    from service.config import Config
     from service.ingest.chunking import chunk_document, embedded_text
 
-    cfg = Config()
     return [embedded_text(doc.title, part)
             for part in chunk_document(doc.text, doc.breadcrumb, doc.collection, cfg.chunk_chars, cfg.parent_chars)]
 
@@ -118,14 +117,16 @@ def dense_vectors(docs: Sequence[DocumentInput], queries: Sequence[str], model_d
     cache. So mining negatives here also fills the cache that ``service eval`` ingests the
     same corpus from, and the dense leg scores what serving scores. Query vectors are
     computed here (queries are short)."""
+    from service.config import Config
     from service.eval.embedding_cache import CachedEmbedder
     from service.models.onnx_embedder import load_embedder
 
     t0 = time.perf_counter()
+    cfg = Config()
     owners: list[int] = []
     texts: list[str] = []
     for i, doc in enumerate(docs):
-        chunks = chunk_texts(doc)
+        chunks = chunk_texts(doc, cfg)
         owners.extend([i] * len(chunks))
         texts.extend(chunks)
     # One intra-op thread per session and one pool worker per core: two 2-thread sessions
