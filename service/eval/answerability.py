@@ -180,6 +180,8 @@ def summarize(results: Sequence[ProbeResult]) -> dict[str, Any]:
         "answerable": len(ans),
         "answerable_found": round(sum(r.outcome == "ATTEMPT_OUTCOME_EVIDENCE_FOUND" for r in ans) / len(ans), 4)
         if ans else None,
+        "answerable_failures": [(r.probe.query, r.outcome, round(r.top_quality, 3))
+                                for r in ans if r.outcome != "ATTEMPT_OUTCOME_EVIDENCE_FOUND"],
         "answerable_levels": levels,
         "found_without_level": sum(r.outcome == "ATTEMPT_OUTCOME_EVIDENCE_FOUND"
                                    and r.relevance_level == "RELEVANCE_LEVEL_UNSPECIFIED" for r in results),
