@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ import numpy as np
 import numpy.typing as npt
 import onnx
 import onnxruntime as ort
+from onnx import helper
 from tokenizers import Encoding, Tokenizer
 
 IntArray = npt.NDArray[np.int64]
@@ -28,16 +30,48 @@ def session_options(threads: int) -> Any:
     return opts
 
 
+@functools.cache
+def u8s8_saturates() -> bool:
+    """Whether onnxruntime's fast int8 matmul (uint8 activations x int8 weights) saturates on
+    this CPU, found by running it once on the worst case, not by a table of CPU names.
+
+    Without VNNI (AVX2, AVX-512 without VNNI) x86 kernels add each pair of neighbouring
+    products in int16 (``vpmaddubsw``): 255 x 127 x 2 = 64,770 clamps to 32,767, so the int8
+    models score differently there than where the sum is exact (VNNI, or another
+    architecture); a demo answer fell under the rerank gate on an AVX2 EPYC. Cached: one
+    tiny session per process. If the probe cannot run, assume the worst (exact kernels)."""
+    k, n = 64, 16
+    weight = helper.make_tensor("w", onnx.TensorProto.INT8, [k, n], [127] * (k * n))
+    graph = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["a", "w"], ["y"])], "u8s8_probe",
+        [helper.make_tensor_value_info("a", onnx.TensorProto.UINT8, [8, k])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.INT32, [8, n])], initializer=[weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), sess_options=session_options(1),
+                                       providers=["CPUExecutionProvider"])
+        y = session.run(None, {"a": np.full((8, k), 255, dtype=np.uint8)})[0]
+        saturates = bool((np.asarray(y, dtype=np.int64) != 255 * 127 * k).any())
+    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types
+        log.warning("int8 kernel probe failed (%s): using the exact int8 kernels", exc)
+        return True
+    log.info("int8 matmul: %s", "fast kernels saturate here, running the exact ones" if saturates
+             else "fast kernels are exact here")
+    return saturates
+
+
 def make_session(model: Path | bytes, threads: int) -> Any:
-    """Serving's session: ``session_options`` plus exact int8 kernels, from a model file or
-    a serialised model (one rewritten in memory, e.g. ``OnnxEmbedder.tap_hidden_states``).
-    ``InferenceSession.run`` is thread-safe, so one session serves every pool thread."""
+    """Serving's session: ``session_options``, plus exact int8 kernels where the fast ones
+    saturate, from a model file or a serialised model (one rewritten in memory, e.g.
+    ``OnnxEmbedder.tap_hidden_states``). ``InferenceSession.run`` is thread-safe, so one
+    session serves every pool thread."""
     opts = session_options(threads)
-    # x86 CPUs without VNNI (AVX2, AVX-512 without VNNI) overflow int16 in onnxruntime's fast
-    # u8s8 int8 matmul, so the int8 models score differently there than on the VNNI machines
-    # the shipped gates and calibrations were measured on (a demo answer fell under the rerank
-    # gate on an AVX2 EPYC). This runs the exact u8u8 kernels instead; a no-op with VNNI.
-    opts.add_session_config_entry("session.x64quantprecision", "1")
+    # Only where needed: onnxruntime applies this entry on every x86 CPU with AVX2, VNNI or
+    # not (it rewrites the int8 weights to uint8 for its u8u8 kernels), and on a VNNI Xeon
+    # that made every int8 model ~1.8x slower for bit-identical outputs
+    # (tests/bench/bench_int8_kernels.py).
+    if u8s8_saturates():
+        opts.add_session_config_entry("session.x64quantprecision", "1")
     # The first try keeps onnxruntime's own log quiet: a refusal below is expected on such
     # CPUs and handled; the retry logs at the normal level, so a real fault still speaks.
     severity = opts.log_severity_level

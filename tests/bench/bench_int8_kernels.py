@@ -1,12 +1,15 @@
-"""What the exact int8 kernels cost: each shipped int8 graph timed with serving's session
-(``make_session``: ``session.x64quantprecision`` on, exact u8u8 kernels where the fast ones
-would overflow) against the same options without it (onnxruntime's fast u8s8 kernels), in one
-run, alternating, on the same inputs; plus how far the fast kernels' outputs stray.
+"""What the exact int8 kernels cost: each shipped int8 graph timed with serving's options plus
+``session.x64quantprecision`` (onnxruntime's exact u8u8 kernels) against the same options
+without it (the fast u8s8 kernels), in one run, alternating, on the same inputs; plus how far
+the fast kernels' outputs stray, and which of the two serving picks here
+(``_ort.u8s8_saturates``: the exact ones only where the fast ones saturate).
 
     RETRIEVAL_MODELS_DIR=... .venv/bin/python tests/bench/bench_int8_kernels.py [--repeats 15]
 
-On a CPU with VNNI the two run the same kernels (ratio ~1.0, difference 0): the option only
-matters on x86 CPUs without it (AVX2, AVX-512 without VNNI). Prints the CPU's flags first.
+Without VNNI (AVX2, AVX-512 without VNNI) the fast kernels stray and the exact ones cost
+~1.2x (AMD EPYC, 2026-12-04). With VNNI both are exact (difference 0), yet onnxruntime still
+applies the entry, and it cost 1.73-1.85x (Xeon with AVX-512 VNNI, 2026-12-05): why serving
+probes instead of always setting it. Prints the CPU's flags first.
 Shapes are serving's: an embedding batch of 32 passages at 128 tokens, a rerank of 20 pairs
 (query 16 tokens, passage 128), through the one graph and through lower + joint.
 """
@@ -25,13 +28,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
-from service.models._ort import _unshared_int8_weights, make_session, session_options  # noqa: E402
+from service.models._ort import _unshared_int8_weights, session_options, u8s8_saturates  # noqa: E402
 from service.offline.builder import default_models_dir  # noqa: E402
 
 
-def fast_session(path: Path, threads: int) -> Any:
-    """``make_session``'s options without the exact-kernel entry."""
+def bench_session(path: Path, threads: int, exact: bool = False) -> Any:
+    """Serving's options, with or without the exact-kernel entry."""
     opts = session_options(threads)
+    if exact:
+        opts.add_session_config_entry("session.x64quantprecision", "1")
+    opts.log_severity_level = 4  # the exact kernels' expected refusal of shared weights, as serving
     try:
         return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
     except Exception:  # noqa: BLE001 - same fallback as serving, for a like-for-like graph
@@ -74,9 +80,11 @@ def main() -> int:
     rr = models / "e5-small-split-reranker-int8"
     feeds = inputs(np.random.default_rng(0))
     print(cpu_flags())
+    print("serving runs the", "exact kernels (the fast ones saturate here)" if u8s8_saturates()
+          else "fast kernels (exact here)")
     print(f"{'graph':<28} {'exact p50 ms':>12} {'fast p50 ms':>12} {'exact/fast':>10} {'max |exact-fast|':>17}")
-    lower_exact = make_session(rr / "lower.onnx", a.threads)
-    lower_fast = fast_session(rr / "lower.onnx", a.threads)
+    lower_exact = bench_session(rr / "lower.onnx", a.threads, exact=True)
+    lower_fast = bench_session(rr / "lower.onnx", a.threads)
     # The joint graph's inputs: the lower layers' states for a 16-token query and 20 passages.
     states = lower_exact.run(None, feeds["lower"])[0].astype(np.float32)
     feeds["joint"] = {"query_states": np.repeat(states[:1, :16], 20, axis=0), "query_mask": np.ones((20, 16), dtype=np.int64),
@@ -84,8 +92,8 @@ def main() -> int:
     rows = [("embedder (32 x 128)", emb, "embed"), ("split one graph (20 pairs)", rr / "model.onnx", "one_graph"),
             ("split lower (21 x 128)", rr / "lower.onnx", "lower"), ("split joint (20 pairs)", rr / "joint.onnx", "joint")]
     for label, path, feed_name in rows:
-        exact = lower_exact if path.name == "lower.onnx" else make_session(path, a.threads)
-        fast = lower_fast if path.name == "lower.onnx" else fast_session(path, a.threads)
+        exact = lower_exact if path.name == "lower.onnx" else bench_session(path, a.threads, exact=True)
+        fast = lower_fast if path.name == "lower.onnx" else bench_session(path, a.threads)
         feed = feeds[feed_name]
         t_exact: list[float] = []
         t_fast: list[float] = []

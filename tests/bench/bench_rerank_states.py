@@ -19,6 +19,10 @@ bytes per chunk (mean, p95). ``--passage-caps 192`` adds a stored-states server 
 ``--one-pass-only`` adds one storing only what the embedding pass gives
 (``rerank_states_second_pass`` off, write-back on): each query asked twice, the first rerank
 computes the head chunks ingest left without states, the second reads them all.
+``--exact-kernels`` adds the stored-states and write-back rows once more with onnxruntime's
+exact int8 kernels forced (``session.x64quantprecision`` on every session, as serving ran
+before ``_ort.u8s8_saturates`` asked the CPU): on a CPU whose fast kernels are exact (VNNI)
+that is what the probe saves, for the same logits.
 """
 
 from __future__ import annotations
@@ -42,8 +46,10 @@ from service.app import App  # noqa: E402
 from service.config import load_config  # noqa: E402
 from service.engines.base import make_chunk_id  # noqa: E402
 from service.eval.metrics import percentile  # noqa: E402
+from service.models import _ort  # noqa: E402
 
 RERANKER = "e5-small-split-reranker-int8"
+PROBE = _ort.u8s8_saturates
 
 
 def corpus(lang: str, n_docs: int, n_queries: int) -> tuple[list[corpus_pb2.Document], list[str]]:
@@ -88,7 +94,18 @@ class Run:
 
 async def serve(states: bool, data_dir: Path, docs: list[corpus_pb2.Document],
                 queries: dict[str, list[str]], compact: bool = False, one_graph: bool = False,
-                write_back: bool = False, passage_cap: int | None = None, second_pass: bool = True) -> Run:
+                write_back: bool = False, passage_cap: int | None = None, second_pass: bool = True,
+                exact_kernels: bool = False) -> Run:
+    if exact_kernels:  # every session this server builds takes the exact kernels
+        _ort.u8s8_saturates = lambda: True  # type: ignore[assignment]
+    try:
+        return await _serve(states, data_dir, docs, queries, compact, one_graph, write_back, passage_cap, second_pass)
+    finally:
+        _ort.u8s8_saturates = PROBE  # type: ignore[assignment]
+
+
+async def _serve(states: bool, data_dir: Path, docs: list[corpus_pb2.Document], queries: dict[str, list[str]],
+                 compact: bool, one_graph: bool, write_back: bool, passage_cap: int | None, second_pass: bool) -> Run:
     cfg = dataclasses.replace(load_config(None), data_dir=data_dir, reranker_model=RERANKER, rerank_states=states,
                               rerank_states_compact=compact, rerank_states_write_back=write_back,
                               rerank_states_second_pass=second_pass, api_keys_file="", opensearch_url="")
@@ -139,7 +156,8 @@ async def serve(states: bool, data_dir: Path, docs: list[corpus_pb2.Document],
     return run
 
 
-async def main(n_docs: int, n_queries: int, caps: list[int], one_pass_only: bool = False) -> None:
+async def main(n_docs: int, n_queries: int, caps: list[int], one_pass_only: bool = False,
+               exact_kernels: bool = False) -> None:
     docs: list[corpus_pb2.Document] = []
     queries: dict[str, list[str]] = {}
     for lang in ("en", "zh"):
@@ -154,6 +172,11 @@ async def main(n_docs: int, n_queries: int, caps: list[int], one_pass_only: bool
                 "write-back, 2nd ask": await serve(False, Path(tmp) / "write-back", docs, queries, write_back=True)}
         for cap in caps:
             runs[f"stored, passage cap {cap}"] = await serve(True, Path(tmp) / f"cap{cap}", docs, queries, passage_cap=cap)
+        if exact_kernels:
+            runs["exact kernels: stored, full"] = await serve(True, Path(tmp) / "exact-full", docs, queries,
+                                                             exact_kernels=True)
+            runs["exact kernels: write-back, 2nd ask"] = await serve(False, Path(tmp) / "exact-write-back", docs,
+                                                                    queries, write_back=True, exact_kernels=True)
         if one_pass_only:
             runs["one pass only, 2nd ask"] = await serve(True, Path(tmp) / "one-pass-only", docs, queries,
                                                          write_back=True, second_pass=False)
@@ -194,5 +217,8 @@ if __name__ == "__main__":
                          "(the other rows run at the config's, 128 by default; the trained cap is 192)")
     ap.add_argument("--one-pass-only", action="store_true",
                     help="also a server with rerank_states_second_pass off and write-back on (1st and 2nd ask)")
+    ap.add_argument("--exact-kernels", action="store_true",
+                    help="also the stored-states and write-back rows with the exact int8 kernels forced")
     a = ap.parse_args()
-    asyncio.run(main(a.docs, a.queries, [int(c) for c in a.passage_caps.split(",") if c], a.one_pass_only))
+    asyncio.run(main(a.docs, a.queries, [int(c) for c in a.passage_caps.split(",") if c], a.one_pass_only,
+                     a.exact_kernels))
