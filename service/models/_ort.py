@@ -68,7 +68,7 @@ def make_session(model: Path | bytes, threads: int) -> Any:
     opts = session_options(threads)
     # Only where needed: onnxruntime applies this entry on every x86 CPU with AVX2, VNNI or
     # not (it rewrites the int8 weights to uint8 for its u8u8 kernels), and on a VNNI Xeon
-    # that made every int8 model ~1.8x slower for bit-identical outputs
+    # that made every int8 model ~1.9x slower for bit-identical outputs
     # (tests/bench/bench_int8_kernels.py).
     if u8s8_saturates():
         opts.add_session_config_entry("session.x64quantprecision", "1")
