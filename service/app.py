@@ -314,6 +314,10 @@ class App:
         if choice.reason and cfg.reranker_model:
             log.warning("rerank leg off: %s", choice.reason)
         metrics = ServiceMetrics()
+        from service.models._ort import u8s8_saturates
+
+        # Which int8 kernels every onnxruntime session here runs (one probe per process).
+        metrics.int8_exact_kernels.set(1 if u8s8_saturates() else 0)
         one_pass = pair_one_pass(cfg, embedder, reranker)
         runtime = ModelRuntime(
             embedder, reranker, workers=cfg.model_workers, max_batch=cfg.max_batch_size,

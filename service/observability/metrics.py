@@ -60,6 +60,10 @@ class ServiceMetrics:
             buckets=LAG_BUCKETS, registry=r)
         self.queue_depth = Gauge(
             "retrieval_model_queue_depth", "Requests waiting in a model's micro-batch queue", ["model"], registry=r)
+        self.int8_exact_kernels = Gauge(
+            "retrieval_int8_exact_kernels",
+            "1 where the int8 models run onnxruntime's exact (slower) kernels because its fast ones saturate on "
+            "this CPU, 0 where the fast ones are exact", registry=r)
         self.batch_size = Histogram(
             "retrieval_model_batch_size", "Items per model batch run", ["model"], buckets=BATCH_BUCKETS, registry=r)
         self.queue_wait = Histogram(

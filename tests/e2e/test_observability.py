@@ -68,6 +68,10 @@ async def test_metrics_count_what_callers_saw_and_traces_reach_otlp(receiver: Ot
     assert after[("retrieval_event_loop_lag_seconds_count", ())] > 0
     assert by_label(after, "retrieval_ingest_documents_total", "status")["indexed"] > 0  # the demo corpus
     assert after[("retrieval_inflight_attempts", ())] == 0
+    # The int8 kernels this CPU runs: the exact ones only where the fast ones saturate.
+    from service.models._ort import u8s8_saturates
+
+    assert after[("retrieval_int8_exact_kernels", ())] == (1 if u8s8_saturates() else 0)
 
     # The trace of one attempt: attempt -> leg BM25 / leg KNN -> model / engine spans.
     # A question not asked before: a cached query embedding has no model span.

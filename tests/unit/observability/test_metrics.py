@@ -15,7 +15,7 @@ from tests.support.scrape import parse, sample_names
 DASHBOARD = Path(__file__).resolve().parents[3] / "deploy" / "grafana" / "retrieval-dashboard.json"
 README = Path(__file__).resolve().parents[3] / "README.md"
 # A PromQL identifier that is not a function, keyword or label name: a metric reference.
-_IDENT = re.compile(r"\b(retrieval_[a-z_]+)\b")
+_IDENT = re.compile(r"\b(retrieval_[a-z0-9_]+)\b")
 
 
 def exercised() -> ServiceMetrics:
