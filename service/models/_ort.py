@@ -18,15 +18,19 @@ IntArray = npt.NDArray[np.int64]
 log = logging.getLogger(__name__)
 
 
-def session_options(threads: int) -> Any:
+def session_options(threads: int, exact_int8: bool = False) -> Any:
     """``threads`` intra-op threads, no inter-op pool, and no spin-waiting: the executor
-    pool runs several calls at once on few cores, and spinning threads would steal them."""
+    pool runs several calls at once on few cores, and spinning threads would steal them.
+    ``exact_int8``: onnxruntime's exact (u8u8) int8 kernels (``make_session`` asks for them
+    only where the fast ones saturate, ``u8s8_saturates``)."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if exact_int8:
+        opts.add_session_config_entry("session.x64quantprecision", "1")
     return opts
 
 
@@ -65,13 +69,11 @@ def make_session(model: Path | bytes, threads: int) -> Any:
     saturate, from a model file or a serialised model (one rewritten in memory, e.g.
     ``OnnxEmbedder.tap_hidden_states``). ``InferenceSession.run`` is thread-safe, so one
     session serves every pool thread."""
-    opts = session_options(threads)
-    # Only where needed: onnxruntime applies this entry on every x86 CPU with AVX2, VNNI or
-    # not (it rewrites the int8 weights to uint8 for its u8u8 kernels), and on a VNNI Xeon
-    # that made every int8 model ~1.9x slower for bit-identical outputs
+    # Exact kernels only where needed: onnxruntime applies their entry on every x86 CPU with
+    # AVX2, VNNI or not (it rewrites the int8 weights to uint8 for its u8u8 kernels), and on
+    # a VNNI Xeon that made every int8 model ~1.9x slower for bit-identical outputs
     # (tests/bench/bench_int8_kernels.py).
-    if u8s8_saturates():
-        opts.add_session_config_entry("session.x64quantprecision", "1")
+    opts = session_options(threads, exact_int8=u8s8_saturates())
     # The first try keeps onnxruntime's own log quiet: a refusal below is expected on such
     # CPUs and handled; the retry logs at the normal level, so a real fault still speaks.
     severity = opts.log_severity_level

@@ -8,7 +8,7 @@ the fast kernels' outputs stray, and which of the two serving picks here
 
 Without VNNI (AVX2, AVX-512 without VNNI) the fast kernels stray and the exact ones cost
 ~1.2x (AMD EPYC, 2026-12-04). With VNNI both are exact (difference 0), yet onnxruntime still
-applies the entry, and it cost 1.73-1.85x (Xeon with AVX-512 VNNI, 2026-12-05): why serving
+applies the entry, and it cost 1.85-1.92x (Xeon with AVX-512 VNNI, 2026-12-05): why serving
 probes instead of always setting it. Prints the CPU's flags first.
 Shapes are serving's: an embedding batch of 32 passages at 128 tokens, a rerank of 20 pairs
 (query 16 tokens, passage 128), through the one graph and through lower + joint.
@@ -34,9 +34,7 @@ from service.offline.builder import default_models_dir  # noqa: E402
 
 def bench_session(path: Path, threads: int, exact: bool = False) -> Any:
     """Serving's options, with or without the exact-kernel entry."""
-    opts = session_options(threads)
-    if exact:
-        opts.add_session_config_entry("session.x64quantprecision", "1")
+    opts = session_options(threads, exact_int8=exact)
     opts.log_severity_level = 4  # the exact kernels' expected refusal of shared weights, as serving
     try:
         return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])

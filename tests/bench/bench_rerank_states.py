@@ -35,6 +35,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -49,7 +50,6 @@ from service.eval.metrics import percentile  # noqa: E402
 from service.models import _ort  # noqa: E402
 
 RERANKER = "e5-small-split-reranker-int8"
-PROBE = _ort.u8s8_saturates
 
 
 def corpus(lang: str, n_docs: int, n_queries: int) -> tuple[list[corpus_pb2.Document], list[str]]:
@@ -94,18 +94,7 @@ class Run:
 
 async def serve(states: bool, data_dir: Path, docs: list[corpus_pb2.Document],
                 queries: dict[str, list[str]], compact: bool = False, one_graph: bool = False,
-                write_back: bool = False, passage_cap: int | None = None, second_pass: bool = True,
-                exact_kernels: bool = False) -> Run:
-    if exact_kernels:  # every session this server builds takes the exact kernels
-        _ort.u8s8_saturates = lambda: True  # type: ignore[assignment]
-    try:
-        return await _serve(states, data_dir, docs, queries, compact, one_graph, write_back, passage_cap, second_pass)
-    finally:
-        _ort.u8s8_saturates = PROBE  # type: ignore[assignment]
-
-
-async def _serve(states: bool, data_dir: Path, docs: list[corpus_pb2.Document], queries: dict[str, list[str]],
-                 compact: bool, one_graph: bool, write_back: bool, passage_cap: int | None, second_pass: bool) -> Run:
+                write_back: bool = False, passage_cap: int | None = None, second_pass: bool = True) -> Run:
     cfg = dataclasses.replace(load_config(None), data_dir=data_dir, reranker_model=RERANKER, rerank_states=states,
                               rerank_states_compact=compact, rerank_states_write_back=write_back,
                               rerank_states_second_pass=second_pass, api_keys_file="", opensearch_url="")
@@ -172,11 +161,11 @@ async def main(n_docs: int, n_queries: int, caps: list[int], one_pass_only: bool
                 "write-back, 2nd ask": await serve(False, Path(tmp) / "write-back", docs, queries, write_back=True)}
         for cap in caps:
             runs[f"stored, passage cap {cap}"] = await serve(True, Path(tmp) / f"cap{cap}", docs, queries, passage_cap=cap)
-        if exact_kernels:
-            runs["exact kernels: stored, full"] = await serve(True, Path(tmp) / "exact-full", docs, queries,
-                                                             exact_kernels=True)
-            runs["exact kernels: write-back, 2nd ask"] = await serve(False, Path(tmp) / "exact-write-back", docs,
-                                                                    queries, write_back=True, exact_kernels=True)
+        if exact_kernels:  # every session these servers build takes the exact kernels
+            with mock.patch.object(_ort, "u8s8_saturates", lambda: True):
+                runs["exact kernels: stored, full"] = await serve(True, Path(tmp) / "exact-full", docs, queries)
+                runs["exact kernels: write-back, 2nd ask"] = await serve(False, Path(tmp) / "exact-write-back", docs,
+                                                                        queries, write_back=True)
         if one_pass_only:
             runs["one pass only, 2nd ask"] = await serve(True, Path(tmp) / "one-pass-only", docs, queries,
                                                          write_back=True, second_pass=False)

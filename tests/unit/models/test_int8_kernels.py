@@ -11,12 +11,6 @@ import onnxruntime as ort
 from service.models._ort import make_session, session_options, u8s8_saturates
 
 
-def _exact_session(path: Path) -> ort.InferenceSession:
-    opts = session_options(1)
-    opts.add_session_config_entry("session.x64quantprecision", "1")
-    return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
-
-
 def test_the_probe_is_a_cached_answer() -> None:
     first = u8s8_saturates()
     assert isinstance(first, bool)
@@ -36,5 +30,6 @@ def test_serving_sessions_score_as_the_exact_kernels_do(models_dir: Path) -> Non
              "passage_states": 4 * rng.standard_normal((20, 128, 384)).astype(np.float32),
              "passage_mask": np.ones((20, 128), np.int64)}
     served = make_session(path, 1).run(None, feeds)[0]
-    exact = _exact_session(path).run(None, feeds)[0]
+    exact = ort.InferenceSession(str(path), sess_options=session_options(1, exact_int8=True),
+                                 providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     np.testing.assert_array_equal(served, exact)

@@ -233,8 +233,7 @@ def test_the_one_graph_unshares_only_its_matmul_weights(models_dir: Path) -> Non
     gathers = {k: n for k, n in after.items() if k[0] == "Gather"}
     assert gathers == {k: n for k, n in before.items() if k[0] == "Gather"} and max(gathers.values()) == 2
     assert len(int8_after) > len(int8_before)
-    opts = session_options(1)
-    opts.add_session_config_entry("session.x64quantprecision", "1")
+    opts = session_options(1, exact_int8=True)
     ort.InferenceSession(data, sess_options=opts, providers=["CPUExecutionProvider"])
 
 
