@@ -17,6 +17,13 @@ where agents read. Model: L2-regularised logistic regression (Newton), per langu
 Writes ``hybrid.json`` and ``rerank.json`` (each names the ONNX hash it was fitted on),
 ``calibration_report.json`` (ECE of the top-1 and of the fitted rows, per source and
 language, on valid) and ``reliability.png``.
+
+    python -m service.eval.calibration joint-gate --valid ... --off-domain ... \
+        --hybrid EMBEDDER/quality_calibration.json --rerank RERANKER/quality_calibration.json --write
+
+chooses the joint gate of reranked lists (both judges' thresholds at once,
+``JOINT_GATE_RULE``) and adds it to the rerank calibration. A refit writes none (its
+probabilities are new): run ``joint-gate`` after it.
 """
 
 from __future__ import annotations
@@ -98,15 +105,28 @@ def _rows_of(record: dict[str, Any], kind: str, legs: str, top: int) -> list[Row
     return out
 
 
-def load_rows(paths: Sequence[Path], kind: str, top: int, legs: str = "both") -> dict[str, list[Row]]:
+def same_language(record: dict[str, Any]) -> bool:
+    """Whether a dumped question was asked of a corpus of its own script (True where the dump
+    does not record the corpus's language). Gates are chosen on these only: an off-domain
+    question against a corpus of the other language has nothing to match and is refused
+    trivially, so counting it inflates the refused share and pulls a gate down."""
+    corpus = record.get("corpus_lang")
+    return corpus is None or (corpus == "zh") == is_cjk(record["query"])
+
+
+def load_rows(paths: Sequence[Path], kind: str, top: int, legs: str = "both", same_language_only: bool = False
+              ) -> dict[str, list[Row]]:
     """Rows per language ("en" / "cjk") from item dumps; degraded attempts are left out, and
     so are lists of the other leg set (``all`` reads the lists the Latin-script leg answered
-    in; the others read the rest)."""
+    in; the others read the rest) and, with ``same_language_only``, questions asked of a
+    corpus of the other language (``same_language``)."""
     by_lang: dict[str, list[Row]] = {"en": [], "cjk": []}
     for path in paths:
         data: dict[str, Any] = json.loads(Path(path).read_text(encoding="utf-8"))
         for record in data.values():
             if record.get("degraded") or not record["items"] or (record_legs(record) == "all") != (legs == "all"):
+                continue
+            if same_language_only and not same_language(record):
                 continue
             by_lang["cjk" if is_cjk(record["query"]) else "en"] += _rows_of(record, kind, legs, top)
     return by_lang
@@ -258,13 +278,13 @@ def _measure(model: Logistic, train: Sequence[Row], valid: Sequence[Row], featur
 def _top1_quality(paths: Sequence[Path], calibration: dict[str, Any], legs: str = "both"
                   ) -> dict[str, list[tuple[float, bool]]]:
     """Per language: (the calibration's quality of each list's top item, is it a judged
-    answer), from item dumps."""
+    answer), from item dumps of questions asked of a corpus of their own language."""
     from service.pipeline.quality import parse_calibration
 
     kind = str(calibration["kind"])
     cal = parse_calibration(calibration, kind)
     return {lang: [(cal.probability(r[0], lang == "cjk", legs), r[1]) for r in rows]
-            for lang, rows in load_rows(paths, kind, 1, legs).items()}
+            for lang, rows in load_rows(paths, kind, 1, legs, same_language_only=True).items()}
 
 
 def answerable_curve(paths: Sequence[Path], calibration: dict[str, Any], thresholds: Sequence[float]
@@ -313,22 +333,20 @@ def serving_gate_rates(valid: Sequence[Path], off_domain: Sequence[Path], hybrid
         "off_domain": len(off[lang])} for lang in ("en", "cjk")}
 
 
-def both_judges_at_gates(paths: Sequence[Path], hybrid: dict[str, Any], rerank: dict[str, Any]
-                         ) -> dict[str, list[tuple[bool, bool]]]:
-    """Per language, per two-leg list: (does it pass the serving gate of a reranked list,
-    is its reranked top-1 a judged answer). Serving passes a reranked list when its top
-    reaches the rerank gate AND the fused top (before rerank) reaches the hybrid gate
-    (``QualityModel.passes_default_gate``, the rule serving applies)."""
-    from service.domain import QualitySource
-    from service.pipeline.quality import QualityModel, parse_calibration
+def both_judges(paths: Sequence[Path], hybrid: dict[str, Any], rerank: dict[str, Any]
+                ) -> dict[str, list[tuple[float, float, bool]]]:
+    """Per language, per two-leg list of a question asked of a corpus of its own language:
+    (the rerank calibration's quality of the reranked top, the hybrid calibration's quality
+    of the fused top before rerank, is the reranked top-1 a judged answer): what the two
+    judges of a reranked list read."""
+    from service.pipeline.quality import parse_calibration
 
     h, r = parse_calibration(hybrid, "hybrid"), parse_calibration(rerank, "rerank")
-    served = QualityModel(hybrid=h, rerank=r)
-    out: dict[str, list[tuple[bool, bool]]] = {"en": [], "cjk": []}
+    out: dict[str, list[tuple[float, float, bool]]] = {"en": [], "cjk": []}
     for path in paths:
         data: dict[str, Any] = json.loads(Path(path).read_text(encoding="utf-8"))
         for record in data.values():
-            if record.get("degraded") or not record["items"]:
+            if record.get("degraded") or not record["items"] or not same_language(record):
                 continue
             cjk = is_cjk(record["query"])
             legs = record_legs(record)
@@ -336,10 +354,57 @@ def both_judges_at_gates(paths: Sequence[Path], hybrid: dict[str, Any], rerank: 
             if not reranked:
                 continue
             (xr, hit, _), (xh, _, _) = reranked[0], fused[0]
-            passed = served.passes_default_gate(
-                r.probability(xr, cjk, legs), QualitySource.RERANKER_PROBABILITY, cjk,
-                legs, first_stage=h.probability(xh, cjk, legs))
-            out["cjk" if cjk else "en"].append((passed, hit))
+            out["cjk" if cjk else "en"].append((r.probability(xr, cjk, legs), h.probability(xh, cjk, legs), hit))
+    return out
+
+
+def both_judges_at_gates(paths: Sequence[Path], hybrid: dict[str, Any], rerank: dict[str, Any]
+                         ) -> dict[str, list[tuple[bool, bool]]]:
+    """Per language, per two-leg list: (does it pass the serving gate of a reranked list,
+    is its reranked top-1 a judged answer). Serving passes a reranked list when both judges
+    find something (``QualityModel.passes_default_gate``, the rule serving applies): the
+    joint gate where the rerank calibration has one for this hybrid calibration, else the
+    top reaches the rerank gate AND the fused top (before rerank) reaches the hybrid gate."""
+    from service.domain import QualitySource
+    from service.pipeline.quality import QualityModel, parse_calibration
+
+    served = QualityModel(hybrid=parse_calibration(hybrid, "hybrid"), rerank=parse_calibration(rerank, "rerank"))
+    return {lang: [(served.passes_default_gate(r, QualitySource.RERANKER_PROBABILITY, lang == "cjk",
+                                               first_stage=h), hit) for r, h, hit in lists]
+            for lang, lists in both_judges(paths, hybrid, rerank).items()}
+
+
+JOINT_GATE_RULE = ("per language, the pair (reranker min_quality, first-stage min_quality) on the 0.005 grid "
+                   "(0 included) that maximises min(valid answerable questions kept, off-domain questions refused), "
+                   "both asked of a corpus of their own language; ties: the higher sum of the two, then the lowest pair")
+
+
+def choose_joint_gates(valid: Sequence[Path], off_domain: Sequence[Path], hybrid: dict[str, Any],
+                       rerank: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per language ("en" / "cjk"): the joint gate (``JOINT_GATE_RULE``) with its in-sample
+    rates, and the rates of the rule it replaces (each judge's own gate)."""
+    from service.pipeline.quality import fingerprint
+
+    grid = np.array((0.0, *GATE_GRID))
+    answerable, off = both_judges(valid, hybrid, rerank), both_judges(off_domain, hybrid, rerank)
+    before = serving_gate_rates(valid, off_domain, hybrid, rerank)
+    out: dict[str, dict[str, Any]] = {}
+    for lang in ("en", "cjk"):
+        pos = np.array([(r, h) for r, h, hit in answerable[lang] if hit]).reshape(-1, 2)
+        neg = np.array([(r, h) for r, h, _ in off[lang]]).reshape(-1, 2)
+        if not len(pos) or not len(neg):
+            continue
+        # passes[i, j, n]: list n reaches reranker gate grid[i] and first-stage gate grid[j]
+        kept = ((pos[None, None, :, 0] >= grid[:, None, None]) & (pos[None, None, :, 1] >= grid[None, :, None])).mean(2)
+        refused = 1.0 - ((neg[None, None, :, 0] >= grid[:, None, None])
+                         & (neg[None, None, :, 1] >= grid[None, :, None])).mean(2)
+        i, j = max(np.ndindex(kept.shape), key=lambda ij: (min(kept[ij], refused[ij]), kept[ij] + refused[ij],
+                                                           -(grid[ij[0]] + grid[ij[1]])))
+        out[lang] = {"rerank": float(grid[i]), "first_stage": float(grid[j]),
+                     "first_stage_calibration": fingerprint(hybrid["models"], hybrid.get("gate", {})),
+                     "answerable_kept": round(float(kept[i, j]), 4), "answerable": len(pos),
+                     "off_domain_refused": round(float(refused[i, j]), 4), "off_domain": len(neg),
+                     "each_judge_own_gate": before[lang]}
     return out
 
 
@@ -397,6 +462,13 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("curve", help="answerable questions kept per min_quality, from valid item dumps")
     c.add_argument("--valid", type=Path, nargs="+", required=True)
     c.add_argument("--calibration", type=Path, required=True, help="a fitted hybrid.json / rerank.json")
+    j = sub.add_parser("joint-gate", help="choose the joint gate of reranked lists (both judges at once) from "
+                                          "hybrid+rerank item dumps; --write adds it to the rerank calibration")
+    j.add_argument("--valid", type=Path, nargs="+", required=True)
+    j.add_argument("--off-domain", type=Path, nargs="+", required=True)
+    j.add_argument("--hybrid", type=Path, required=True, help="the embedder's quality_calibration.json")
+    j.add_argument("--rerank", type=Path, required=True, help="the reranker's quality_calibration.json")
+    j.add_argument("--write", action="store_true", help="write the chosen gates into --rerank (joint_gate)")
     g = sub.add_parser("gates", help="serving's rule for reranked lists (both judges) at shipped gates, "
                                      "from hybrid+rerank item dumps")
     g.add_argument("--valid", type=Path, nargs="+", required=True)
@@ -404,6 +476,17 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--hybrid", type=Path, required=True, help="the embedder's quality_calibration.json")
     g.add_argument("--rerank", type=Path, required=True, help="the reranker's quality_calibration.json")
     a = p.parse_args(argv)
+    if a.cmd == "joint-gate":
+        rerank = json.loads(a.rerank.read_text(encoding="utf-8"))
+        chosen = choose_joint_gates(a.valid, a.off_domain, json.loads(a.hybrid.read_text(encoding="utf-8")),
+                                    {k: v for k, v in rerank.items() if k != "joint_gate"})
+        print(json.dumps(chosen, indent=1))
+        if a.write:
+            keep = ("rerank", "first_stage", "first_stage_calibration")
+            rerank["joint_gate"] = {f"both/{lang}": {k: g[k] for k in keep} for lang, g in chosen.items()}
+            rerank["joint_gate_rule"] = JOINT_GATE_RULE
+            a.rerank.write_text(json.dumps(rerank, indent=2) + "\n", encoding="utf-8")
+        return 0
     if a.cmd == "gates":
         rates = serving_gate_rates(a.valid, a.off_domain, json.loads(a.hybrid.read_text(encoding="utf-8")),
                                    json.loads(a.rerank.read_text(encoding="utf-8")))

@@ -443,7 +443,11 @@ async def _run_mode(settings: EvalSettings, live: _Live, judged: Judged, model: 
         head_scores[qid] = head
         # Calibration rows: the top of the final order, plus (hybrid+rerank) every item that
         # was not reranked, so the fused order can be rebuilt for the hybrid calibration.
+        # ``corpus_lang``: the language of the corpus the question was asked of, so the gate
+        # fit can tell an off-domain question against a corpus of its own language (the hard
+        # case) from one against the other (refused trivially; calibration.same_language).
         items[qid] = {**record, "query": query, **_fusion(live, query),
+                      **({"corpus_lang": settings.lang} if settings.lang else {}),
                       "relevant": sorted(judged.qrels.get(qid, {})), "items": rows}
 
     await asyncio.gather(*(one(qid, query) for qid, query in judged.queries.items()))

@@ -409,7 +409,8 @@ class AttemptRunner:
             else:
                 result.outcome, result.stopping_reason = Outcome.INSUFFICIENT, "below_quality_gate"
             return
-        reference = self.quality.reference_threshold(top_source, cjk, legs_key, cfg.reference_threshold)
+        reference = self.quality.reference_threshold(top_source, cjk, legs_key, cfg.reference_threshold,
+                                                     judged_jointly=judgement.first_stage is not None)
         result.relevance_level = relevance_level(judged.quality, cfg.precise_threshold, reference)
         budget = req.max_context_chars or cfg.max_context_chars
         if req.plan is not None:  # the FAQ direct answer goes first, then the plan's budget

@@ -25,6 +25,7 @@ answer counts as a miss); see README "Relevance and calibration". Without a cali
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -124,6 +125,27 @@ class Logistic:
 
 
 @dataclass(frozen=True)
+class JointGate:
+    """The "nothing here" gate of a reranked list, fitted on both judges at once: the list
+    passes when its top's reranker probability reaches ``rerank`` and the first stage's
+    quality of its fused top reaches ``first_stage`` (on the scale of the hybrid calibration
+    whose fingerprint is ``first_stage_calibration``). Each source's own gate was fitted as
+    if it judged alone; the AND of the two refused answerable questions neither alone
+    would (README "Relevance and quality", "The joint gate")."""
+
+    rerank: float
+    first_stage: float
+    first_stage_calibration: str
+
+
+def fingerprint(models: Mapping[str, Any], gates: Mapping[str, Any]) -> str:
+    """sha256 of a calibration's models and gates, canonical JSON: what changes when a refit
+    changes the probabilities or the gates a joint gate was chosen against."""
+    canon = json.dumps({"models": models, "gate": gates}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canon.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
 class Calibration:
     """One source's models per leg set and language ("both/en", "bm25/cjk", ...), valid only
     for the model with ``onnx_sha256``."""
@@ -135,6 +157,12 @@ class Calibration:
     # when the calibration was fitted (valid answerable questions kept vs off-domain
     # questions refused); 0 where none was fitted.
     gates: dict[str, float] = field(default_factory=dict)
+    # A rerank calibration's gate for a reranked list judged by both judges (JointGate), per
+    # model key; empty where none was fitted (the AND of the two sources' own gates then).
+    joint_gates: dict[str, JointGate] = field(default_factory=dict)
+    # sha256 of the models and gates (``fingerprint``): what a joint gate names as the
+    # first-stage calibration its threshold is on the scale of.
+    fingerprint: str = ""
 
     def gate(self, cjk: bool, legs: str = "both") -> float:
         """The gate of the model that judged the list: none where none was fitted (a leg
@@ -169,7 +197,14 @@ def parse_calibration(data: Mapping[str, Any], kind: str) -> Calibration:
     bad = [k for k, v in gates.items() if k not in models or not 0.0 <= v < 1.0]
     if bad:
         raise ValueError(f"gate {bad}: keys of the models, values in [0, 1)")
-    return Calibration(kind, str(data["onnx_sha256"]), models, gates)
+    joint = {str(k): JointGate(float(v["rerank"]), float(v["first_stage"]), str(v["first_stage_calibration"]))
+             for k, v in data.get("joint_gate", {}).items()}
+    bad = [k for k, j in joint.items()
+           if kind != "rerank" or k not in models or not (0.0 <= j.rerank < 1.0 and 0.0 <= j.first_stage < 1.0)]
+    if bad:
+        raise ValueError(f"joint_gate {bad}: rerank calibrations only, keys of the models, values in [0, 1)")
+    return Calibration(kind, str(data["onnx_sha256"]), models, gates, joint,
+                       fingerprint(data["models"], data.get("gate", {})))
 
 
 def load_calibration(model_dir: Path | None, kind: str, onnx_sha256: str) -> Calibration | None:
@@ -255,10 +290,25 @@ class QualityModel:
         # No calibration, or none for this leg set (the Latin-script leg alone, say).
         return assign_quality(c, reranked=reranked, max_fused=max_fused)
 
-    def default_gate(self, source: QualitySource, cjk: bool, legs: str = "both") -> float:
+    def joint_gate(self, cjk: bool, legs: str = "both") -> JointGate | None:
+        """The joint gate of a reranked list of ``legs`` where the rerank calibration has one
+        fitted against the served hybrid calibration; None otherwise (another hybrid
+        calibration puts the first stage's quality on another scale)."""
+        if self.rerank is None or self.hybrid is None:
+            return None
+        joint = self.rerank.joint_gates.get(f"{self._view(self.rerank, cjk, legs)}/{'cjk' if cjk else 'en'}")
+        return joint if joint is not None and joint.first_stage_calibration == self.hybrid.fingerprint else None
+
+    def default_gate(self, source: QualitySource, cjk: bool, legs: str = "both", judged_jointly: bool = False
+                     ) -> float:
         """The min_quality an item of this source must reach when neither the request nor the
-        server config sets one: its calibration's gate (0 for uncalibrated sources)."""
+        server config sets one: its calibration's gate (0 for uncalibrated sources); for a
+        reranked list that the first stage's judge also read (``judged_jointly``), the joint
+        gate's reranker threshold where one applies."""
         if source is QualitySource.RERANKER_PROBABILITY and self.rerank is not None:
+            joint = self.joint_gate(cjk, legs) if judged_jointly else None
+            if joint is not None:
+                return joint.rerank
             return self.rerank.gate(cjk, self._view(self.rerank, cjk, legs))
         if source is QualitySource.HYBRID_CALIBRATED and self.hybrid is not None:
             return self.hybrid.gate(cjk, self._view(self.hybrid, cjk, legs))
@@ -322,18 +372,25 @@ class QualityModel:
     def passes_default_gate(self, top_quality: float, top_source: QualitySource, cjk: bool, legs: str = "both",
                             first_stage: float | None = None) -> bool:
         """The "nothing here" rule for a list whose top item has ``top_quality`` (see
-        ``gate``); ``service.eval.calibration`` measures the same rule offline."""
+        ``gate``); ``service.eval.calibration`` measures the same rule offline. A reranked list
+        read by both judges meets the joint gate where one applies, else each judge's own."""
+        if first_stage is not None and top_source is QualitySource.RERANKER_PROBABILITY:
+            joint = self.joint_gate(cjk, legs)
+            if joint is not None:
+                return top_quality >= joint.rerank and first_stage >= joint.first_stage
         if top_quality < self.default_gate(top_source, cjk, legs):
             return False
         return not (first_stage is not None and top_source is QualitySource.RERANKER_PROBABILITY
                     and first_stage < self.default_gate(QualitySource.HYBRID_CALIBRATED, cjk, legs))
 
-    def reference_threshold(self, source: QualitySource, cjk: bool, legs: str, configured: float) -> float:
+    def reference_threshold(self, source: QualitySource, cjk: bool, legs: str, configured: float,
+                            judged_jointly: bool = False) -> float:
         """REFERENCE from ``configured`` when set, else from the source's gate (what passes
-        the default gate has a level), else 0.5 (no gate fitted for this source or leg set)."""
+        the default gate has a level), else 0.5 (no gate fitted for this source or leg set).
+        ``judged_jointly``: the list is reranked and the first stage's judge read it too."""
         if configured > 0:
             return configured
-        return self.default_gate(source, cjk, legs) or FALLBACK_REFERENCE
+        return self.default_gate(source, cjk, legs, judged_jointly) or FALLBACK_REFERENCE
 
     def assign_all(self, ranked: Sequence[Candidate], *, reranked: bool, max_fused: float, cjk: bool,
                    legs: str = "both", answered_max_fused: float | None = None) -> list[QualitySource]:

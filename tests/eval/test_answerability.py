@@ -9,8 +9,7 @@ Two knowledge bases, each probed with the other's questions (both ways round):
   demo questions, general-knowledge questions and gibberish.
 Both with rerank on (the shipped reranker, chosen by "auto" as a fresh install does) and
 off (the hybrid calibration). Each run prints its rates and the operating curve over
-``min_quality``; the bar is >= 95 % each way, and every EVIDENCE_FOUND has a relevance level,
-except where the shipped models measurably fall short of it (RERANK_ON_ANSWERABLE_FLOOR).
+``min_quality``; the bar is >= 95 % each way, and every EVIDENCE_FOUND has a relevance level.
 """
 
 from __future__ import annotations
@@ -48,12 +47,6 @@ BAR = 0.95
 # bar hung on one question: the same code and models kept 83 / 87 on an AVX2 EPYC and 82 / 87
 # on an AVX-512 VNNI Xeon, whose float kernels move scores a little.
 QUESTIONS, CORPUS, SEED = 200, 1000, 0
-# With rerank on, the answerable side measures below the bar: 240 / 256 (93.75 %; rerank off
-# 226 / 229) on the Xeon, 2026-12-05. A known gap of the shipped reranker's judge (it refuses
-# answerable questions whose right answer it scores low; README "Relevance and quality"),
-# not a bar met: this floor (the measurement less about one standard error) catches a
-# regression from it, and the report prints the rate against BAR on every run.
-RERANK_ON_ANSWERABLE_FLOOR = 0.92
 OFF_TOPIC_IQA = 15  # InsuranceQA questions per language asked of the demo corpus
 # Demo-corpus questions for the InsuranceQA knowledge base (product help, not insurance).
 DEMO_QUESTIONS = [q for q, _ in RANKING_CASES] + ["what is new in v2.4", "v2.4 SSO SAML", "how do I enable two-factor login"]
@@ -131,11 +124,11 @@ def _report(name: str, results: list, rerank: bool) -> dict:  # type: ignore[typ
     return s
 
 
-def _check(s: dict, rerank: bool, answerable_bar: float = BAR) -> None:  # type: ignore[type-arg]
+def _check(s: dict, rerank: bool) -> None:  # type: ignore[type-arg]
     want = "QUALITY_SOURCE_RERANKER_PROBABILITY" if rerank else "QUALITY_SOURCE_HYBRID_CALIBRATED"
     assert s["quality_sources"] == [want], s["quality_sources"]
     assert s["off_topic_nothing_here"] >= BAR, s["off_topic_failures"]
-    assert s["answerable"] >= 5 and s["answerable_found"] >= answerable_bar, s
+    assert s["answerable"] >= 5 and s["answerable_found"] >= BAR, s
     assert s["found_without_level"] == 0, s  # what the default gate lets through has a level
 
 
@@ -149,7 +142,9 @@ async def test_demo_kb_says_nothing_here(demo_kb: Live, rerank: bool) -> None:
 
 # With rerank on, a reranked list passes only when the first stage's own judge (the hybrid
 # calibration of the fused top) also finds something (QualityModel.gate): the reranker alone,
-# trained on in-domain pairs, let Chinese software-support questions through (66 / 71).
+# trained on in-domain pairs, let Chinese software-support questions through (66 / 71). The
+# two judges meet one joint gate, fitted on both at once (README "The joint gate"): each
+# one's own gate, fitted as if it judged alone, refused 16 of 256 answerable questions here.
 @pytest.mark.parametrize("rerank", [True, False], ids=["rerank-on", "rerank-off"])
 async def test_insuranceqa_kb_says_nothing_here(iqa_kb: tuple[Live, list[Probe]], rerank: bool) -> None:
     live, in_domain = iqa_kb
@@ -158,7 +153,7 @@ async def test_insuranceqa_kb_says_nothing_here(iqa_kb: tuple[Live, list[Probe]]
     s = _report("insuranceqa", await probe(live.retrieval, probes, rerank=rerank), rerank)
     print(f"[answerability] insuranceqa rerank={'on' if rerank else 'off'}: answerable kept "
           f"{s['answerable_found']:.4f} of {s['answerable']} against the {BAR} bar")
-    _check(s, rerank, RERANK_ON_ANSWERABLE_FLOOR if rerank else BAR)
+    _check(s, rerank)
 
 
 def test_probes_are_held_out_from_the_calibration_negatives() -> None:

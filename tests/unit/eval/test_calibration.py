@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.eval.calibration import ece, fit, fit_logistic, main
+from service.eval.calibration import ece, fit, fit_logistic, load_rows, main
 from service.pipeline.quality import HYBRID_FEATURES, parse_calibration
 from service.script import has_han
 
@@ -123,6 +123,64 @@ def test_the_gates_command_measures_the_serving_rule_at_shipped_gates(tmp_path: 
     rates = json.loads(capsys.readouterr().out)
     assert rates == report["gate"]["rerank_with_first_stage"]
     assert rates["en"]["off_domain"] == 150 and rates["en"]["answerable"] > 0
+
+
+def test_the_joint_gate_keeps_what_each_judge_alone_would_refuse(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """``joint-gate`` picks both thresholds at once on the lists' two judges, keeps at least
+    as many answerable questions as each judge's own gate at no fewer off-domain refused, and
+    --write adds it to the rerank calibration, which serving then reads (fingerprint included)."""
+    _dump(tmp_path / "train.json", 800, 0)
+    _dump(tmp_path / "valid.json", 400, 1)
+    _off_domain_dump(tmp_path / "off.json", 300, 2)
+    fit([tmp_path / "train.json"], [tmp_path / "valid.json"], hybrid_sha="h" * 64, rerank_sha="r" * 64,
+        out=tmp_path / "out", top=3, off_domain=[tmp_path / "off.json"])
+    hybrid, rerank = tmp_path / "out" / "hybrid.json", tmp_path / "out" / "rerank.json"
+    args = ["joint-gate", "--valid", str(tmp_path / "valid.json"), "--off-domain", str(tmp_path / "off.json"),
+            "--hybrid", str(hybrid), "--rerank", str(rerank)]
+    assert main(args) == 0
+    chosen = json.loads(capsys.readouterr().out)
+    assert "joint_gate" not in json.loads(rerank.read_text())  # without --write, nothing written
+    for lang in ("en", "cjk"):
+        g, own = chosen[lang], chosen[lang]["each_judge_own_gate"]
+        assert min(g["answerable_kept"], g["off_domain_refused"]) >= min(own["answerable_kept"],
+                                                                         own["off_domain_refused"])
+    assert main([*args, "--write"]) == 0
+    capsys.readouterr()
+    h, r = (json.loads(p.read_text()) for p in (hybrid, rerank))
+    cal = parse_calibration(r, "rerank")
+    assert set(cal.joint_gates) == {"both/en", "both/cjk"}
+    assert cal.joint_gates["both/en"].rerank == chosen["en"]["rerank"]
+    # Serving's rule now reads the joint gate: the gates command measures it on the same lists.
+    assert main(["gates", "--valid", str(tmp_path / "valid.json"), "--off-domain", str(tmp_path / "off.json"),
+                 "--hybrid", str(hybrid), "--rerank", str(rerank)]) == 0
+    served = json.loads(capsys.readouterr().out)
+    for lang in ("en", "cjk"):
+        assert served[lang]["answerable_kept"] == chosen[lang]["answerable_kept"]
+        assert served[lang]["off_domain_refused"] == chosen[lang]["off_domain_refused"]
+    # Another first-stage calibration (a refit) puts its quality on another scale: the joint
+    # gate no longer applies and serving's rule is each judge's own gate again.
+    h["models"]["both/en"]["intercept"] += 0.5
+    hybrid.write_text(json.dumps(h))
+    assert main(["gates", "--valid", str(tmp_path / "valid.json"), "--off-domain", str(tmp_path / "off.json"),
+                 "--hybrid", str(hybrid), "--rerank", str(rerank)]) == 0
+    assert json.loads(capsys.readouterr().out)["cjk"]["answerable_kept"] == chosen["cjk"]["each_judge_own_gate"][
+        "answerable_kept"]
+
+
+def test_gates_are_chosen_on_questions_asked_of_a_corpus_of_their_own_language(tmp_path: Path) -> None:
+    """An off-domain question against a corpus of the other language is refused trivially:
+    the gate fit leaves it out (dumps record ``corpus_lang``; older ones count every list)."""
+    _off_domain_dump(tmp_path / "off.json", 300, 2)
+    data = json.loads((tmp_path / "off.json").read_text())
+    for record in data.values():
+        record["corpus_lang"] = "en"
+    (tmp_path / "off-en.json").write_text(json.dumps(data, ensure_ascii=False))
+    everything = load_rows([tmp_path / "off.json"], "hybrid", 1)
+    own = load_rows([tmp_path / "off-en.json"], "hybrid", 1, same_language_only=True)
+    assert len(everything["en"]) == len(own["en"]) == 150 and len(everything["cjk"]) == 150
+    assert own["cjk"] == []  # Chinese questions asked of an English corpus
+    assert len(load_rows([tmp_path / "off-en.json"], "hybrid", 1)["cjk"]) == 150  # the fit itself reads them
 
 
 def _with_legs(path: Path, legs: list[str], max_fused: float) -> None:

@@ -18,6 +18,7 @@ from service.pipeline.quality import (
     Logistic,
     QualityModel,
     load_calibration,
+    fingerprint,
     parse_calibration,
     signals,
 )
@@ -190,6 +191,54 @@ def test_a_reranked_list_passes_only_when_the_first_stage_also_finds_something()
     strong.fused_score = 0.05
     assert model.first_stage_quality([weak, strong], max_fused=0.1, cjk=False) == model.first_stage_quality(
         [strong], max_fused=0.1, cjk=False)
+
+
+def test_a_joint_gate_judges_a_reranked_list_by_both_judges_at_once() -> None:
+    """Each judge's own gate was fitted as if it judged alone; the joint gate, fitted on both,
+    keeps a list the reranker alone would refuse when the first stage is sure enough, and
+    REFERENCE follows it (what passes the default gate has a level)."""
+    hybrid_doc = {**_doc("hybrid", "h"), "gate": {"both/en": 0.3, "both/cjk": 0.2}}
+    hybrid = parse_calibration(hybrid_doc, "hybrid")
+    assert hybrid.fingerprint == fingerprint(hybrid_doc["models"], hybrid_doc["gate"])  # type: ignore[arg-type]
+    joint = {"both/en": {"rerank": 0.02, "first_stage": 0.35, "first_stage_calibration": hybrid.fingerprint}}
+    rerank = parse_calibration({**_doc("rerank", "r"), "gate": {"both/en": 0.1, "both/cjk": 0.1},
+                                "joint_gate": joint}, "rerank")
+    model = QualityModel(hybrid=hybrid, rerank=rerank)
+    items = [_candidate(0.1, 2.0, 0.1, rerank=-3.0), _candidate(0.2, 1.0, 0.05, rerank=-3.5)]
+    src = [QualitySource.RERANKER_PROBABILITY] * 2
+    for c in items:
+        c.quality = 0.05  # below the reranker's own gate (0.1), above the joint one (0.02)
+    assert model.gate(items, src, 0.0, cjk=False, first_stage=0.5) == items
+    assert model.gate(items, src, 0.0, cjk=False, first_stage=0.32) == []  # the first stage's own gate passes, not the joint
+    assert model.reference_threshold(QualitySource.RERANKER_PROBABILITY, False, "both", 0.0, judged_jointly=True) == 0.02
+    assert model.reference_threshold(QualitySource.RERANKER_PROBABILITY, False, "both", 0.0) == 0.1
+    for c in items:
+        c.quality = 0.01
+    assert model.gate(items, src, 0.0, cjk=False, first_stage=0.9) == []  # the reranker found nothing
+    # No first-stage judge (an uncalibrated embedder): the reranker's own gate alone.
+    assert model.gate(items, src, 0.0, cjk=False, first_stage=None) == []
+    # Chinese has no joint gate here: each judge's own gate (reranker 0.1 AND first stage 0.2).
+    for c in items:
+        c.quality = 0.05
+    assert model.gate(items, src, 0.0, cjk=True, first_stage=0.9) == []
+    # Fitted against another first-stage calibration: not applied (its scale differs).
+    other = parse_calibration({**hybrid_doc, "gate": {"both/en": 0.31, "both/cjk": 0.2}}, "hybrid")
+    stale = QualityModel(hybrid=other, rerank=rerank)
+    assert stale.joint_gate(False) is None and stale.gate(items, src, 0.0, cjk=False, first_stage=0.5) == []
+    assert QualityModel(rerank=rerank).joint_gate(False) is None
+
+
+@pytest.mark.parametrize("joint, why", [
+    ({"both/fr": {"rerank": 0.02, "first_stage": 0.3, "first_stage_calibration": "x"}}, "keys of the models"),
+    ({"both/en": {"rerank": 1.5, "first_stage": 0.3, "first_stage_calibration": "x"}}, "values in"),
+    ({"both/en": {"rerank": 0.02, "first_stage": 0.3}}, "first_stage_calibration"),
+])
+def test_a_malformed_joint_gate_is_refused(joint: dict[str, object], why: str) -> None:
+    with pytest.raises((ValueError, KeyError), match=why):
+        parse_calibration({**_doc("rerank", "r"), "joint_gate": joint}, "rerank")
+    with pytest.raises(ValueError, match="rerank calibrations only"):
+        parse_calibration({**_doc("hybrid", "h"), "joint_gate": {
+            "both/en": {"rerank": 0.02, "first_stage": 0.3, "first_stage_calibration": "x"}}}, "hybrid")
 
 
 def test_the_latin_leg_sets_are_judged_only_where_a_model_was_fitted_for_them() -> None:
