@@ -386,6 +386,7 @@ def choose_joint_gates(valid: Sequence[Path], off_domain: Sequence[Path], hybrid
     from service.pipeline.quality import fingerprint
 
     grid = np.array((0.0, *GATE_GRID))
+    rerank = {k: v for k, v in rerank.items() if k != "joint_gate"}  # "before": each judge's own gate
     answerable, off = both_judges(valid, hybrid, rerank), both_judges(off_domain, hybrid, rerank)
     before = serving_gate_rates(valid, off_domain, hybrid, rerank)
     out: dict[str, dict[str, Any]] = {}
@@ -478,8 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.cmd == "joint-gate":
         rerank = json.loads(a.rerank.read_text(encoding="utf-8"))
-        chosen = choose_joint_gates(a.valid, a.off_domain, json.loads(a.hybrid.read_text(encoding="utf-8")),
-                                    {k: v for k, v in rerank.items() if k != "joint_gate"})
+        chosen = choose_joint_gates(a.valid, a.off_domain, json.loads(a.hybrid.read_text(encoding="utf-8")), rerank)
         print(json.dumps(chosen, indent=1))
         if a.write:
             keep = ("rerank", "first_stage", "first_stage_calibration")

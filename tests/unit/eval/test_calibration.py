@@ -147,6 +147,8 @@ def test_the_joint_gate_keeps_what_each_judge_alone_would_refuse(tmp_path: Path,
                                                                          own["off_domain_refused"])
     assert main([*args, "--write"]) == 0
     capsys.readouterr()
+    assert main(args) == 0  # chosen again over the written one: "before" is each judge's own gate still
+    assert json.loads(capsys.readouterr().out) == chosen
     h, r = (json.loads(p.read_text()) for p in (hybrid, rerank))
     cal = parse_calibration(r, "rerank")
     assert set(cal.joint_gates) == {"both/en", "both/cjk"}
