@@ -178,7 +178,8 @@ def ece(p: F64, y: F64, bins: int = ECE_BINS) -> tuple[float, list[dict[str, flo
 
 
 GATE_RULE = ("per model (leg set and language; none for BM25 alone), the min_quality on a 0.005 grid that "
-             "maximises min(valid answerable questions kept, off-domain questions refused); ties: the lowest")
+             "maximises min(valid answerable questions kept, off-domain questions refused), both asked of a corpus "
+             "of their own language; ties: the lowest")
 GATE_GRID = tuple(round(0.005 * i, 3) for i in range(1, 61))
 
 
@@ -198,6 +199,39 @@ def choose_gates(valid: Sequence[Path], off_domain: Sequence[Path], kind: str, m
 
 
 GATE_CURVE = (0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.12, 0.15, 0.2)
+
+
+def rechoose_gates(valid: Sequence[Path], off_domain: Sequence[Path], calibration: dict[str, Any],
+                   min_gain_se: float = 2.0) -> dict[str, dict[str, Any]]:
+    """Per gated model key of a shipped calibration: its gate, the gate ``GATE_RULE`` chooses
+    on these dumps, both gates' min(kept, refused), and the gate to ship: the new one only
+    where it gains more than ``min_gain_se`` standard errors of the shipped gate's weaker
+    side (a binomial share over that side's questions), else the shipped one: a shipped gate
+    is not moved on a question or two."""
+    kind, models = str(calibration["kind"]), calibration["models"]
+    shipped: dict[str, float] = calibration.get("gate", {})
+    out: dict[str, dict[str, Any]] = {}
+    for legs in sorted({key.partition("/")[0] for key in shipped}):
+        chosen = choose_gates(valid, off_domain, kind, models, (legs,))
+        answerable, off = _top1_quality(valid, calibration, legs), _top1_quality(off_domain, calibration, legs)
+        for lang in ("en", "cjk"):
+            key = f"{legs}/{lang}"
+            if key not in chosen or key not in shipped:
+                continue
+            ok = [q for q, hit in answerable[lang] if hit]
+            neg = [q for q, _ in off[lang]]
+
+            def rates(gate: float) -> tuple[float, float]:
+                return sum(q >= gate for q in ok) / len(ok), sum(q < gate for q in neg) / len(neg)
+
+            (k0, r0), (k1, r1) = rates(shipped[key]), rates(chosen[key])
+            weak, n = (k0, len(ok)) if k0 <= r0 else (r0, len(neg))
+            se = math.sqrt(max(weak * (1 - weak), 1e-12) / n)
+            gain = min(k1, r1) - min(k0, r0)
+            out[key] = {"shipped": shipped[key], "chosen": chosen[key], "min_rate_shipped": round(min(k0, r0), 4),
+                        "min_rate_chosen": round(min(k1, r1), 4), "gain_se": round(gain / se, 2),
+                        "gate": chosen[key] if gain > min_gain_se * se else shipped[key]}
+    return out
 
 
 def fit(train: Sequence[Path], valid: Sequence[Path], *, hybrid_sha: str, rerank_sha: str, out: Path,
@@ -402,7 +436,7 @@ def choose_joint_gates(valid: Sequence[Path], off_domain: Sequence[Path], hybrid
         i, j = max(np.ndindex(kept.shape), key=lambda ij: (min(kept[ij], refused[ij]), kept[ij] + refused[ij],
                                                            -(grid[ij[0]] + grid[ij[1]])))
         out[lang] = {"rerank": float(grid[i]), "first_stage": float(grid[j]),
-                     "first_stage_calibration": fingerprint(hybrid["models"], hybrid.get("gate", {})),
+                     "first_stage_calibration": fingerprint(hybrid["models"]),
                      "answerable_kept": round(float(kept[i, j]), 4), "answerable": len(pos),
                      "off_domain_refused": round(float(refused[i, j]), 4), "off_domain": len(neg),
                      "each_judge_own_gate": before[lang]}
@@ -440,6 +474,16 @@ def reliability_plot(report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def _dump_args(parser: argparse.ArgumentParser, both_judges: bool = True) -> None:
+    """The item dumps a gate command reads and, for the commands about both judges, the two
+    calibrations."""
+    parser.add_argument("--valid", type=Path, nargs="+", required=True)
+    parser.add_argument("--off-domain", type=Path, nargs="+", required=True)
+    if both_judges:
+        parser.add_argument("--hybrid", type=Path, required=True, help="the embedder's quality_calibration.json")
+        parser.add_argument("--rerank", type=Path, required=True, help="the reranker's quality_calibration.json")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m service.eval.calibration", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -463,20 +507,31 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("curve", help="answerable questions kept per min_quality, from valid item dumps")
     c.add_argument("--valid", type=Path, nargs="+", required=True)
     c.add_argument("--calibration", type=Path, required=True, help="a fitted hybrid.json / rerank.json")
+    r = sub.add_parser("rechoose-gates", help="choose a shipped calibration's own gates again (GATE_RULE) from "
+                                              "hybrid+rerank item dumps, its models kept; --write writes those "
+                                              "that gain enough")
+    _dump_args(r, both_judges=False)
+    r.add_argument("--calibration", type=Path, required=True, help="a quality_calibration.json (hybrid or rerank)")
+    r.add_argument("--min-gain-se", type=float, default=2.0,
+                   help="move a shipped gate only where the new one gains more than this many standard errors")
+    r.add_argument("--write", action="store_true")
     j = sub.add_parser("joint-gate", help="choose the joint gate of reranked lists (both judges at once) from "
                                           "hybrid+rerank item dumps; --write adds it to the rerank calibration")
-    j.add_argument("--valid", type=Path, nargs="+", required=True)
-    j.add_argument("--off-domain", type=Path, nargs="+", required=True)
-    j.add_argument("--hybrid", type=Path, required=True, help="the embedder's quality_calibration.json")
-    j.add_argument("--rerank", type=Path, required=True, help="the reranker's quality_calibration.json")
+    _dump_args(j)
     j.add_argument("--write", action="store_true", help="write the chosen gates into --rerank (joint_gate)")
     g = sub.add_parser("gates", help="serving's rule for reranked lists (both judges) at shipped gates, "
                                      "from hybrid+rerank item dumps")
-    g.add_argument("--valid", type=Path, nargs="+", required=True)
-    g.add_argument("--off-domain", type=Path, nargs="+", required=True)
-    g.add_argument("--hybrid", type=Path, required=True, help="the embedder's quality_calibration.json")
-    g.add_argument("--rerank", type=Path, required=True, help="the reranker's quality_calibration.json")
+    _dump_args(g)
     a = p.parse_args(argv)
+    if a.cmd == "rechoose-gates":
+        doc = json.loads(a.calibration.read_text(encoding="utf-8"))
+        rechosen = rechoose_gates(a.valid, a.off_domain, doc, a.min_gain_se)
+        print(json.dumps(rechosen, indent=1))
+        if a.write and any(r["gate"] != r["shipped"] for r in rechosen.values()):
+            doc["gate"] = {**doc["gate"], **{key: r["gate"] for key, r in rechosen.items()}}
+            doc["gate_rule"] = GATE_RULE + f"; a shipped gate moves only where that gains > {a.min_gain_se:g} standard errors"
+            a.calibration.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        return 0
     if a.cmd == "joint-gate":
         rerank = json.loads(a.rerank.read_text(encoding="utf-8"))
         chosen = choose_joint_gates(a.valid, a.off_domain, json.loads(a.hybrid.read_text(encoding="utf-8")), rerank)

@@ -12,6 +12,7 @@ import gzip
 import json
 import random
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -65,6 +66,17 @@ class Judged:
             negatives={q: self.negatives.get(q, []) for q in qids},
             documents=self.documents,
             lang=self.lang,
+        )
+
+    def without(self, qids: Iterable[str]) -> Judged:
+        """The same set less the queries ``qids`` (the corpus kept whole): questions held out
+        from a run that measured or fitted on ``qids``."""
+        drop = set(qids)
+        keep = [q for q in sorted(self.queries) if q not in drop]
+        return Judged(
+            name=f"{self.name}[held out from {len(drop)}]", corpus=self.corpus,
+            queries={q: self.queries[q] for q in keep}, qrels={q: self.qrels.get(q, set()) for q in keep},
+            negatives={q: self.negatives.get(q, []) for q in keep}, documents=self.documents, lang=self.lang,
         )
 
     def sample_corpus(self, n: int | None, seed: int = 0, *, keep_negatives: bool = False) -> Judged:

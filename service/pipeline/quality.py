@@ -138,10 +138,11 @@ class JointGate:
     first_stage_calibration: str
 
 
-def fingerprint(models: Mapping[str, Any], gates: Mapping[str, Any]) -> str:
-    """sha256 of a calibration's models and gates, canonical JSON: what changes when a refit
-    changes the probabilities or the gates a joint gate was chosen against."""
-    canon = json.dumps({"models": models, "gate": gates}, sort_keys=True, separators=(",", ":"))
+def fingerprint(models: Mapping[str, Any]) -> str:
+    """sha256 of a calibration's models, canonical JSON: what changes when a refit changes
+    the probabilities (the scale a joint gate's first-stage threshold is on); a re-chosen
+    gate does not."""
+    canon = json.dumps(models, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canon.encode("utf-8")).hexdigest()
 
 
@@ -160,8 +161,8 @@ class Calibration:
     # A rerank calibration's gate for a reranked list judged by both judges (JointGate), per
     # model key; empty where none was fitted (the AND of the two sources' own gates then).
     joint_gates: dict[str, JointGate] = field(default_factory=dict)
-    # sha256 of the models and gates (``fingerprint``): what a joint gate names as the
-    # first-stage calibration its threshold is on the scale of.
+    # sha256 of the models (``fingerprint``): what a joint gate names as the first-stage
+    # calibration its threshold is on the scale of.
     fingerprint: str = ""
 
     def gate(self, cjk: bool, legs: str = "both") -> float:
@@ -204,7 +205,7 @@ def parse_calibration(data: Mapping[str, Any], kind: str) -> Calibration:
     if bad:
         raise ValueError(f"joint_gate {bad}: rerank calibrations only, keys of the models, values in [0, 1)")
     return Calibration(kind, str(data["onnx_sha256"]), models, gates, joint,
-                       fingerprint(data["models"], data.get("gate", {})))
+                       fingerprint(data["models"]))
 
 
 def load_calibration(model_dir: Path | None, kind: str, onnx_sha256: str) -> Calibration | None:

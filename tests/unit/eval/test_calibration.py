@@ -170,6 +170,40 @@ def test_the_joint_gate_keeps_what_each_judge_alone_would_refuse(tmp_path: Path,
         "answerable_kept"]
 
 
+def test_rechoose_gates_keeps_the_models_and_moves_a_gate_only_on_a_clear_gain(tmp_path: Path,
+                                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    _dump(tmp_path / "train.json", 800, 0)
+    _dump(tmp_path / "valid.json", 400, 1)
+    _off_domain_dump(tmp_path / "off.json", 300, 2)
+    fit([tmp_path / "train.json"], [tmp_path / "valid.json"], hybrid_sha="h" * 64, rerank_sha="r" * 64,
+        out=tmp_path / "out", top=3, off_domain=[tmp_path / "off.json"])
+    path = tmp_path / "out" / "hybrid.json"
+    fitted = json.loads(path.read_text())
+    args = ["rechoose-gates", "--valid", str(tmp_path / "valid.json"), "--off-domain", str(tmp_path / "off.json"),
+            "--calibration", str(path)]
+    assert main(args) == 0
+    same = json.loads(capsys.readouterr().out)
+    assert {k: r["chosen"] for k, r in same.items()} == fitted["gate"]  # the same dumps, the same rule
+    assert all(r["gate"] == r["shipped"] for r in same.values())
+    # A shipped gate far off its balance point moves (kNN alone: 0.5 keeps too few answers);
+    # one the new gate does no better than stays (both legs separate perfectly here at 0.5
+    # too); with every off-domain question asked of an English corpus, the Chinese gates
+    # have nothing to be chosen on and stay; the models are never touched.
+    data = json.loads((tmp_path / "off.json").read_text())
+    for record in data.values():
+        record["corpus_lang"] = "en"
+    (tmp_path / "off.json").write_text(json.dumps(data, ensure_ascii=False))
+    path.write_text(json.dumps({**fitted, "gate": {k: 0.5 for k in fitted["gate"]}}))
+    assert main([*args, "--write"]) == 0
+    moved = json.loads(capsys.readouterr().out)
+    written = json.loads(path.read_text())
+    assert written["models"] == fitted["models"] and "both/cjk" not in moved
+    assert moved["knn/en"]["gain_se"] > 2 and written["gate"]["knn/en"] == moved["knn/en"]["chosen"]
+    assert moved["knn/en"]["chosen"] < 0.5
+    assert moved["both/en"]["gain_se"] <= 2 and written["gate"]["both/en"] == 0.5
+    assert written["gate"]["both/cjk"] == written["gate"]["knn/cjk"] == 0.5
+
+
 def test_gates_are_chosen_on_questions_asked_of_a_corpus_of_their_own_language(tmp_path: Path) -> None:
     """An off-domain question against a corpus of the other language is refused trivially:
     the gate fit leaves it out (dumps record ``corpus_lang``; older ones count every list)."""

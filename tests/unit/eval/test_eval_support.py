@@ -71,6 +71,15 @@ def test_sample_is_seeded_and_corpus_keeps_positives() -> None:
     assert j.sample(None).queries == j.queries
 
 
+def test_without_holds_queries_out_and_keeps_the_corpus() -> None:
+    j = _judged()
+    gate = j.sample(4, seed=0)
+    rest = j.without(gate.queries)
+    assert not set(rest.queries) & set(gate.queries) and len(rest.queries) == len(j.queries) - 4
+    assert rest.corpus == j.corpus and all(rest.qrels[q] == j.qrels[q] for q in rest.queries)
+    assert not set(rest.sample(3, seed=0).queries) & set(gate.queries)
+
+
 def test_clean_text_collapses_blanks() -> None:
     assert clean_text("  Does  Medicare  Pick  Up?  ", "en") == "Does Medicare Pick Up?"
     assert clean_text("\u00a0汽车跟随着。", "zh") == "汽车跟随着。"

@@ -199,7 +199,7 @@ def test_a_joint_gate_judges_a_reranked_list_by_both_judges_at_once() -> None:
     REFERENCE follows it (what passes the default gate has a level)."""
     hybrid_doc = {**_doc("hybrid", "h"), "gate": {"both/en": 0.3, "both/cjk": 0.2}}
     hybrid = parse_calibration(hybrid_doc, "hybrid")
-    assert hybrid.fingerprint == fingerprint(hybrid_doc["models"], hybrid_doc["gate"])  # type: ignore[arg-type]
+    assert hybrid.fingerprint == fingerprint(hybrid_doc["models"])  # type: ignore[arg-type]
     joint = {"both/en": {"rerank": 0.02, "first_stage": 0.35, "first_stage_calibration": hybrid.fingerprint}}
     rerank = parse_calibration({**_doc("rerank", "r"), "gate": {"both/en": 0.1, "both/cjk": 0.1},
                                 "joint_gate": joint}, "rerank")
@@ -221,9 +221,13 @@ def test_a_joint_gate_judges_a_reranked_list_by_both_judges_at_once() -> None:
     for c in items:
         c.quality = 0.05
     assert model.gate(items, src, 0.0, cjk=True, first_stage=0.9) == []
-    # Fitted against another first-stage calibration: not applied (its scale differs).
-    other = parse_calibration({**hybrid_doc, "gate": {"both/en": 0.31, "both/cjk": 0.2}}, "hybrid")
-    stale = QualityModel(hybrid=other, rerank=rerank)
+    # A re-chosen first-stage gate leaves the scale as it was: the joint gate still applies.
+    regated = parse_calibration({**hybrid_doc, "gate": {"both/en": 0.31, "both/cjk": 0.2}}, "hybrid")
+    assert QualityModel(hybrid=regated, rerank=rerank).joint_gate(False) == rerank.joint_gates["both/en"]
+    # Fitted against another first-stage calibration (a refit): not applied (its scale differs).
+    refit = json.loads(json.dumps(hybrid_doc))
+    refit["models"]["both/en"]["intercept"] = -1.5
+    stale = QualityModel(hybrid=parse_calibration(refit, "hybrid"), rerank=rerank)
     assert stale.joint_gate(False) is None and stale.gate(items, src, 0.0, cjk=False, first_stage=0.5) == []
     assert QualityModel(rerank=rerank).joint_gate(False) is None
 
