@@ -130,8 +130,9 @@ class JointGate:
     passes when its top's reranker probability reaches ``rerank`` and the first stage's
     quality of its fused top reaches ``first_stage`` (on the scale of the hybrid calibration
     whose fingerprint is ``first_stage_calibration``). Each source's own gate was fitted as
-    if it judged alone; the AND of the two refused answerable questions neither alone
-    would (README "Relevance and quality", "The joint gate")."""
+    if it judged alone, and the AND of two gates each at its own balance point refused
+    answerable questions the pair did not need to (README "Relevance and quality", "The
+    joint gate")."""
 
     rerank: float
     first_stage: float
