@@ -480,5 +480,13 @@ def main(argv: list[str] | None = None) -> int:
     add_eval_parser(sub)
 
     args = p.parse_args(argv)
-    rc: int = args.fn(args)
+    try:
+        rc: int = args.fn(args)
+    except BrokenPipeError:
+        # The reader went away (`query ... | head`): stop quietly, as other command-line tools
+        # do. Point stdout at devnull so the interpreter's final flush does not raise again.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a process killed by it
     return rc
