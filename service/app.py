@@ -227,11 +227,11 @@ def load_quality_model(cfg: Config, embedder: EmbeddingBackend, choice: Reranker
     # Lists the Latin-script leg answered in are judged as the two-leg calibration sees their
     # items (README "The Latin-script dense leg"): BM25 and kNN ranks with the two-leg fusion.
     two_leg = TwoLegView(FusionParams(cfg.rrf_k, cfg.bm25_weight, cfg.knn_weight)) if cfg.latin_embedding_model else None
-    if rerank is not None and any(hybrid is None or j.first_stage_calibration != hybrid.fingerprint
-                                  for j in rerank.joint_gates.values()):
+    model = QualityModel(hybrid, rerank, two_leg)
+    if model.stale_joint_gates():
         log.warning("the reranker's joint gate was fitted against another first-stage calibration than the "
                     "embedder's: reranked lists meet each judge's own gate instead")
-    return QualityModel(hybrid, rerank, two_leg)
+    return model
 
 
 def _alpha(cfg: Config, gate: dict[str, Any] | None) -> float:

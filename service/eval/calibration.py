@@ -193,9 +193,13 @@ def choose_gates(valid: Sequence[Path], off_domain: Sequence[Path], kind: str, m
         curves = gate_curve(valid, off_domain, {"version": CALIBRATION_VERSION, "kind": kind, "onnx_sha256": "",
                                                 "models": models}, GATE_GRID, legs)
         for lang, rows in curves.items():
-            gates[f"{legs}/{lang}"] = max(
-                rows, key=lambda r: (min(r["answerable_kept"], r["off_domain_refused"]), -r["min_quality"]))["min_quality"]
+            gates[f"{legs}/{lang}"] = balance_point(rows)
     return gates
+
+
+def balance_point(rows: Sequence[dict[str, float]]) -> float:
+    """The ``min_quality`` of a gate curve's rows that ``GATE_RULE`` picks."""
+    return max(rows, key=lambda r: (min(r["answerable_kept"], r["off_domain_refused"]), -r["min_quality"]))["min_quality"]
 
 
 GATE_CURVE = (0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.12, 0.15, 0.2)
@@ -208,12 +212,12 @@ def rechoose_gates(valid: Sequence[Path], off_domain: Sequence[Path], calibratio
     where it gains more than ``min_gain_se`` standard errors of the shipped gate's weaker
     side (a binomial share over that side's questions), else the shipped one: a shipped gate
     is not moved on a question or two."""
-    kind, models = str(calibration["kind"]), calibration["models"]
     shipped: dict[str, float] = calibration.get("gate", {})
     out: dict[str, dict[str, Any]] = {}
-    for legs in sorted({key.partition("/")[0] for key in shipped}):
-        chosen = choose_gates(valid, off_domain, kind, models, (legs,))
+    for legs in sorted({key.partition("/")[0] for key in shipped} - {"bm25"}):  # as choose_gates: none for BM25
         answerable, off = _top1_quality(valid, calibration, legs), _top1_quality(off_domain, calibration, legs)
+        curves = _curves(answerable, off, GATE_GRID)
+        chosen = {f"{legs}/{lang}": balance_point(rows) for lang, rows in curves.items()}
         for lang in ("en", "cjk"):
             key = f"{legs}/{lang}"
             if key not in chosen or key not in shipped:
@@ -343,7 +347,12 @@ def gate_curve(valid: Sequence[Path], off_domain: Sequence[Path], calibration: d
     that keep EVIDENCE_FOUND, and off-domain questions refused (their top-1 below it). The
     off-domain questions are the fitted ones (in sample): the held-out check is
     tests/eval/test_answerability.py."""
-    answerable, off = _top1_quality(valid, calibration, legs), _top1_quality(off_domain, calibration, legs)
+    return _curves(_top1_quality(valid, calibration, legs), _top1_quality(off_domain, calibration, legs), thresholds)
+
+
+def _curves(answerable: dict[str, list[tuple[float, bool]]], off: dict[str, list[tuple[float, bool]]],
+            thresholds: Sequence[float]) -> dict[str, list[dict[str, float]]]:
+    """``gate_curve`` over top-1 qualities already read (``_top1_quality``)."""
     out: dict[str, list[dict[str, float]]] = {}
     for lang in ("en", "cjk"):
         ok = [q for q, hit in answerable[lang] if hit]
@@ -358,7 +367,12 @@ def serving_gate_rates(valid: Sequence[Path], off_domain: Sequence[Path], hybrid
                        rerank: dict[str, Any]) -> dict[str, dict[str, float]]:
     """Per language, serving's rule for reranked lists at the calibrations' gates: valid
     questions whose reranked top-1 is a judged answer that pass, off-domain ones refused."""
-    answerable, off = (both_judges_at_gates(p, hybrid, rerank) for p in (valid, off_domain))
+    return _pass_rates(*(both_judges_at_gates(p, hybrid, rerank) for p in (valid, off_domain)))
+
+
+def _pass_rates(answerable: dict[str, list[tuple[bool, bool]]], off: dict[str, list[tuple[bool, bool]]]
+                ) -> dict[str, dict[str, float]]:
+    """``serving_gate_rates`` over (passed, is a judged answer) lists already judged."""
     return {lang: {
         "answerable_kept": round(sum(ok for ok, hit in answerable[lang] if hit)
                                  / max(1, sum(hit for _, hit in answerable[lang])), 4),
@@ -399,13 +413,19 @@ def both_judges_at_gates(paths: Sequence[Path], hybrid: dict[str, Any], rerank: 
     find something (``QualityModel.passes_default_gate``, the rule serving applies): the
     joint gate where the rerank calibration has one for this hybrid calibration, else the
     top reaches the rerank gate AND the fused top (before rerank) reaches the hybrid gate."""
+    return _serving_passes(both_judges(paths, hybrid, rerank), hybrid, rerank)
+
+
+def _serving_passes(judged: dict[str, list[tuple[float, float, bool]]], hybrid: dict[str, Any],
+                    rerank: dict[str, Any]) -> dict[str, list[tuple[bool, bool]]]:
+    """``both_judges_at_gates`` over the two judges' qualities already read (``both_judges``)."""
     from service.domain import QualitySource
     from service.pipeline.quality import QualityModel, parse_calibration
 
     served = QualityModel(hybrid=parse_calibration(hybrid, "hybrid"), rerank=parse_calibration(rerank, "rerank"))
     return {lang: [(served.passes_default_gate(r, QualitySource.RERANKER_PROBABILITY, lang == "cjk",
                                                first_stage=h), hit) for r, h, hit in lists]
-            for lang, lists in both_judges(paths, hybrid, rerank).items()}
+            for lang, lists in judged.items()}
 
 
 JOINT_GATE_RULE = ("per language, the pair (reranker min_quality, first-stage min_quality) on the 0.005 grid "
@@ -422,7 +442,7 @@ def choose_joint_gates(valid: Sequence[Path], off_domain: Sequence[Path], hybrid
     grid = np.array((0.0, *GATE_GRID))
     rerank = {k: v for k, v in rerank.items() if k != "joint_gate"}  # "before": each judge's own gate
     answerable, off = both_judges(valid, hybrid, rerank), both_judges(off_domain, hybrid, rerank)
-    before = serving_gate_rates(valid, off_domain, hybrid, rerank)
+    before = _pass_rates(_serving_passes(answerable, hybrid, rerank), _serving_passes(off, hybrid, rerank))
     out: dict[str, dict[str, Any]] = {}
     for lang in ("en", "cjk"):
         pos = np.array([(r, h) for r, h, hit in answerable[lang] if hit]).reshape(-1, 2)

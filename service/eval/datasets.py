@@ -12,7 +12,7 @@ import gzip
 import json
 import random
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -58,25 +58,26 @@ class Judged:
         qids = sorted(self.queries)
         if n is not None and n < len(qids):
             qids = sorted(random.Random(seed).sample(qids, n))
+        return self._with_queries(
+            qids, self.name if n is None or n >= len(self.queries) else f"{self.name}[sample={n},seed={seed}]")
+
+    def without(self, qids: Iterable[str]) -> Judged:
+        """The same set less the queries ``qids`` (the corpus kept whole): questions held out
+        from a run that measured or fitted on ``qids``."""
+        drop = set(qids)
+        return self._with_queries([q for q in sorted(self.queries) if q not in drop],
+                                  f"{self.name}[held out from {len(drop)}]")
+
+    def _with_queries(self, qids: Sequence[str], name: str) -> Judged:
+        """The queries ``qids`` (in that order) with their judgements, the corpus kept whole."""
         return Judged(
-            name=self.name if n is None or n >= len(self.queries) else f"{self.name}[sample={n},seed={seed}]",
+            name=name,
             corpus=self.corpus,
             queries={q: self.queries[q] for q in qids},
             qrels={q: self.qrels.get(q, set()) for q in qids},
             negatives={q: self.negatives.get(q, []) for q in qids},
             documents=self.documents,
             lang=self.lang,
-        )
-
-    def without(self, qids: Iterable[str]) -> Judged:
-        """The same set less the queries ``qids`` (the corpus kept whole): questions held out
-        from a run that measured or fitted on ``qids``."""
-        drop = set(qids)
-        keep = [q for q in sorted(self.queries) if q not in drop]
-        return Judged(
-            name=f"{self.name}[held out from {len(drop)}]", corpus=self.corpus,
-            queries={q: self.queries[q] for q in keep}, qrels={q: self.qrels.get(q, set()) for q in keep},
-            negatives={q: self.negatives.get(q, []) for q in keep}, documents=self.documents, lang=self.lang,
         )
 
     def sample_corpus(self, n: int | None, seed: int = 0, *, keep_negatives: bool = False) -> Judged:

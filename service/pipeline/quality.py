@@ -296,10 +296,18 @@ class QualityModel:
         """The joint gate of a reranked list of ``legs`` where the rerank calibration has one
         fitted against the served hybrid calibration; None otherwise (another hybrid
         calibration puts the first stage's quality on another scale)."""
-        if self.rerank is None or self.hybrid is None:
+        if self.rerank is None:
             return None
         joint = self.rerank.joint_gates.get(f"{self._view(self.rerank, cjk, legs)}/{'cjk' if cjk else 'en'}")
-        return joint if joint is not None and joint.first_stage_calibration == self.hybrid.fingerprint else None
+        return joint if joint is not None and self._fits_first_stage(joint) else None
+
+    def _fits_first_stage(self, joint: JointGate) -> bool:
+        return self.hybrid is not None and joint.first_stage_calibration == self.hybrid.fingerprint
+
+    def stale_joint_gates(self) -> bool:
+        """Whether the rerank calibration has joint gates fitted against another first-stage
+        calibration than the served one (or none is served): they do not apply."""
+        return self.rerank is not None and not all(map(self._fits_first_stage, self.rerank.joint_gates.values()))
 
     def default_gate(self, source: QualitySource, cjk: bool, legs: str = "both", judged_jointly: bool = False
                      ) -> float:

@@ -230,6 +230,10 @@ def test_a_joint_gate_judges_a_reranked_list_by_both_judges_at_once() -> None:
     stale = QualityModel(hybrid=parse_calibration(refit, "hybrid"), rerank=rerank)
     assert stale.joint_gate(False) is None and stale.gate(items, src, 0.0, cjk=False, first_stage=0.5) == []
     assert QualityModel(rerank=rerank).joint_gate(False) is None
+    # What the service logs at start: joint gates that do not apply.
+    assert stale.stale_joint_gates() and QualityModel(rerank=rerank).stale_joint_gates()
+    assert not model.stale_joint_gates() and not QualityModel(hybrid=hybrid).stale_joint_gates()
+    assert not QualityModel(hybrid=hybrid, rerank=parse_calibration(_doc("rerank", "r"), "rerank")).stale_joint_gates()
 
 
 @pytest.mark.parametrize("joint, why", [
