@@ -66,6 +66,27 @@ def test_probability_is_logistic_per_language() -> None:
     assert c.quality == pytest.approx(1 / (1 + math.exp(-(-2.0 + 4.0 * 1.5 + 4.0 * 0.9))), rel=1e-6)
 
 
+def test_a_signal_the_fit_always_had_counts_as_neutral_when_an_item_lacks_it() -> None:
+    # Fitted on lists whose top items all had a kNN cosine (has_dense mean 1), with a
+    # negative cosine weight (a reranker-conditional artefact): an item found by BM25 or the
+    # Latin-script leg alone has no cosine, and reading it as 0 (19 sd below the fitted mean)
+    # made a hopeless candidate 0.9 likely. It counts as the fitted mean instead.
+    features = RERANK_FEATURES
+    mean = {"rerank_logit": -4.3, "dense_cos": 0.89, "has_dense": 1.0, "bm25_log": 1.1, "has_bm25": 0.55, "fused_rel": 0.68}
+    scale = {"rerank_logit": 4.06, "dense_cos": 0.047, "has_dense": 1.0, "bm25_log": 1.03, "has_bm25": 0.5, "fused_rel": 0.19}
+    coef = {"rerank_logit": 2.62, "dense_cos": -0.67, "has_dense": 0.0, "bm25_log": 0.32, "has_bm25": -0.13, "fused_rel": 0.83}
+    model = Logistic(features, tuple(mean[f] for f in features), tuple(scale[f] for f in features),
+                     tuple(coef[f] for f in features), -2.92)
+    lacking = signals(dense_score=None, bm25_score=3.0, fused_score=0.03, max_fused=0.1, rerank_score=-11.9)
+    p = model.probability(lacking)
+    with_mean_cosine = model.probability({**lacking, "dense_cos": 0.89, "has_dense": 1.0})
+    assert p == pytest.approx(with_mean_cosine) and p < 0.001
+    # A flag the fitting rows varied on (has_bm25) keeps its fitted meaning.
+    no_bm25 = signals(dense_score=0.8, bm25_score=None, fused_score=0.03, max_fused=0.1, rerank_score=-11.9)
+    z = -2.92 + sum(coef[f] * (no_bm25[f] - mean[f]) / scale[f] for f in features)
+    assert model.probability(no_bm25) == pytest.approx(1 / (1 + math.exp(-z)))
+
+
 def test_uncalibrated_fallbacks() -> None:
     model = QualityModel()
     c = _candidate(distance=0.5, bm25=1.0, fused=0.1, rerank=0.0)
