@@ -52,6 +52,8 @@ class LangData:
     valid_cand_score: npt.NDArray[np.float32]
     valid_rel: npt.NDArray[np.bool_]
     valid_nrel: npt.NDArray[np.int32]
+    null_q: Ragged | None = None  # questions no passage answers (pack --null-questions)
+    null_cand: Ragged | None = None  # their first-stage candidates, all negatives
 
 
 @dataclass
@@ -89,6 +91,8 @@ def load_pack(path: Path, langs: list[str] | None = None) -> Pack:
             valid_cand_score=a[f"{lang}_valid_cand_score"],
             valid_rel=a[f"{lang}_valid_rel"],
             valid_nrel=a[f"{lang}_valid_nrel"],
+            null_q=rag(f"{lang}_null_q_tok") if f"{lang}_null_q_tok" in a else None,
+            null_cand=rag(f"{lang}_null_cand") if f"{lang}_null_cand" in a else None,
         )
     sp = manifest["tokenizer"]["special_ids"]
     return Pack(path, manifest, out, int(sp["<s>"]), int(sp["</s>"]), int(sp["<pad>"]), a["vocab_keep"])

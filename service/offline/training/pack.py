@@ -11,6 +11,9 @@ own data, whose documents keep their title, breadcrumb and collection as ingest 
       are never negatives. Each negative records its sources (bit mask).
   (b) first-stage candidates for a valid-split sample: top-50 of RRF(k=60) over BM25 and
       dense top-50, in fused order, with the fused scores and relevance flags.
+  (n) optionally, "null" lists: questions no passage answers (off-domain questions, seeded
+      gibberish), each with the top of RRF over the same BM25 and dense legs, so the
+      trainer can teach the reranker what a list with no answer looks like.
   (c) every text tokenized with the e5 tokenizer without special tokens (a passage in the
       served reranker's layout, title, breadcrumb and text; the trainer adds
       them exactly like serving's pair template); the vocabulary is pruned to the ids that
@@ -29,7 +32,7 @@ import json
 import random
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -267,6 +270,8 @@ def build_pack(
     threads: int = 2,
     seed: int = 0,
     judgements: tuple[Path, Path] | None = None,
+    null_questions: Mapping[str, Sequence[str]] | None = None,
+    null_candidates: int = 30,
     log: Log = _log,
 ) -> dict[str, Any]:
     """Write ``out/{data.npz, backbone.e5s1, manifest.json}``; returns the manifest.
@@ -274,7 +279,9 @@ def build_pack(
     ``train_questions`` / ``corpus_size`` shrink the pack for tests (None: everything).
     ``judgements`` = (judgements JSONL, corpus JSONL): a user's own data instead of
     InsuranceQA (``service eval --judgements`` format; ``langs`` must then name one label),
-    with ``valid_questions`` of its queries held out for the valid checks."""
+    with ``valid_questions`` of its queries held out for the valid checks. ``null_questions``
+    (per language) adds lists with no answer: each question's top ``null_candidates`` of
+    the fused first stage."""
     from tokenizers import Tokenizer
 
     from service.eval.datasets import load_insuranceqa
@@ -315,16 +322,17 @@ def build_pack(
         docs = [passage_text(doc) for doc in documents]
         tq = [train.queries[q] for q in tq_ids]
         vq = [valid.queries[q] for q in vq_ids]
+        nq = list((null_questions or {}).get(lang, ()))
         log(f"{lang}: {len(docs)} passages, {len(tq)} train questions, {len(vq)} valid questions")
         if len(doc_ids) >= 65535:
             raise ValueError("corpus too large for uint16 doc indices")
 
         k_first = max(candidates, bm25_negatives + 10)
-        bm = bm25_topk(docs, tq + vq, k_first, log)
+        bm = bm25_topk(docs, tq + vq + nq, k_first, log)
         dn: list[list[tuple[int, float]]] | None = None
         dense_info: dict[str, Any] | None = None
         if dense:
-            doc_vecs, q_vecs, dense_info = dense_vectors(documents, tq + vq, model_dir, threads, log)
+            doc_vecs, q_vecs, dense_info = dense_vectors(documents, tq + vq + nq, model_dir, threads, log)
             owners = dense_info.pop("owners")
             dn = dense_topk(doc_vecs, q_vecs, max(candidates, dense_negatives + 10), owners)
 
@@ -382,6 +390,13 @@ def build_pack(
         arrays[f"{lang}_valid_rel"] = rel
         arrays[f"{lang}_valid_nrel"] = n_rel
 
+        # (n) lists with no answer: every candidate is a negative
+        if nq:
+            base = len(tq_ids) + nv
+            null_rows = [[d for d, _ in rrf([bm[base + j][:candidates]] + ([dn[base + j][:candidates]] if dn is not None else []))
+                          [:null_candidates]] for j in range(len(nq))]
+            arrays[f"{lang}_null_cand"], arrays[f"{lang}_null_cand_off"] = _csr(null_rows, np.uint16)
+
         # (c) tokens (original ids for now; remapped once every language is in)
         def tokens(texts: list[str], cap: int, name: str) -> None:
             enc = tok.encode_batch(texts, add_special_tokens=False)
@@ -392,6 +407,8 @@ def build_pack(
         tokens(docs, max_passage_tokens, f"{lang}_doc_tok")
         tokens(tq, max_query_tokens, f"{lang}_train_q_tok")
         tokens(vq, max_query_tokens, f"{lang}_valid_q_tok")
+        if nq:
+            tokens(nq, max_query_tokens, f"{lang}_null_q_tok")
         lens = np.diff(arrays[f"{lang}_doc_tok_off"])
         n_neg = np.diff(arrays[f"{lang}_train_neg_off"])
         src_flat = arrays[f"{lang}_train_neg_src"]
@@ -408,6 +425,7 @@ def build_pack(
             "passage_tokens": {"mean": round(float(lens.mean()), 1), "p95": int(np.percentile(lens, 95)), "capped_at": max_passage_tokens},
             "valid_first_stage_ndcg10": {k: round(float(np.mean(v)), 4) for k, v in first.items() if v},
             "valid_candidate_recall": round(float(np.mean(recall)), 4),
+            "null_questions": len(nq),
             "dense": dense_info,
             "seconds": round(time.perf_counter() - t_lang, 1),
         }
@@ -447,7 +465,8 @@ def build_pack(
         "settings": {"bm25_negatives": bm25_negatives, "dense_negatives": dense_negatives, "shipped_negatives": shipped_negatives,
                      "candidates": candidates, "rrf_k": RRF_K, "max_query_tokens": max_query_tokens,
                      "max_passage_tokens": max_passage_tokens, "train_questions": train_questions,
-                     "valid_questions": valid_questions, "corpus_size": corpus_size, "dense": dense},
+                     "valid_questions": valid_questions, "corpus_size": corpus_size, "dense": dense,
+                     "null_candidates": null_candidates if null_questions else None},
         "negative_sources": {"bm25": SRC_BM25, "dense": SRC_DENSE, "shipped": SRC_SHIPPED},
         "stats": stats,
         "files": files,
@@ -485,6 +504,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--judgements", type=Path, default=None,
                    help="your own JSONL judgements ({query, positives, negatives}) instead of InsuranceQA")
     p.add_argument("--corpus", type=Path, default=None, help="the documents JSONL for --judgements")
+    p.add_argument("--null-questions", type=Path, default=None,
+                   help="JSON {lang: [questions]} no passage answers, for lists with no answer (split train --null-weight)")
+    p.add_argument("--null-gibberish", type=int, default=0,
+                   help="seeded gibberish questions per language added to --null-questions")
+    p.add_argument("--null-candidates", type=int, default=30)
     a = p.parse_args(argv)
     if (a.judgements is None) != (a.corpus is None):
         p.error("--judgements and --corpus go together")
@@ -492,8 +516,25 @@ def main(argv: list[str] | None = None) -> int:
                valid_questions=a.valid_questions, corpus_size=a.corpus_size, bm25_negatives=a.bm25_negatives,
                dense_negatives=a.dense_negatives, shipped_negatives=a.shipped_negatives, candidates=a.candidates,
                max_passage_tokens=a.max_passage_tokens, dense=not a.no_dense, model_dir=a.model_dir,
-               threads=a.threads, seed=a.seed, judgements=(a.judgements, a.corpus) if a.judgements else None)
+               threads=a.threads, seed=a.seed, judgements=(a.judgements, a.corpus) if a.judgements else None,
+               null_questions=null_questions(a.null_questions, a.null_gibberish) if a.null_questions or a.null_gibberish else None,
+               null_candidates=a.null_candidates)
     return 0
+
+
+NULL_GIBBERISH_SEED = 3  # the answerability test uses seed 0, the calibrations 1 and 2
+
+
+def null_questions(path: Path | None, gibberish_per_lang: int) -> dict[str, list[str]]:
+    """Questions for lists with no answer: a JSON file of ``{lang: [questions]}`` plus seeded
+    gibberish in each language (a seed neither the calibrations nor the answerability test use)."""
+    from service.eval.answerability import gibberish
+
+    data = json.loads(path.read_text(encoding="utf-8")) if path else {}
+    out = {lang: [str(q) for q in qs] for lang, qs in data.items() if not lang.startswith("_")}
+    for lang in list(out) or ["en", "zh"]:
+        out.setdefault(lang, []).extend(gibberish(gibberish_per_lang, lang, NULL_GIBBERISH_SEED) if gibberish_per_lang else [])
+    return out
 
 
 if __name__ == "__main__":

@@ -11,6 +11,11 @@ upper layers, the cross-attention biases and the head on those states: listwise 
 cross-entropy over 1 positive + ``--group - 1`` mined hard negatives per question, AdamW,
 warmup then linear decay fitted into ``--minutes``, seeded, resumable (``--resume``) from
 the checkpoint it writes every ``--ckpt-every-min`` minutes, with progress and ETA on stderr.
+With ``--null-weight`` (a pack built with ``--null-questions``) each step also draws
+``--null-groups`` lists with no answer (off-domain questions and their first-stage
+candidates), and every group's softmax gains a "no answer" column at ``--null-logit``: an
+answerable group's positive must beat it, a list with no answer must put it first
+(``null_column_losses``), so the logit learns a level, not only an order.
 
 Valid checks use the pack's valid questions and their 50 first-stage candidates: nDCG@10 of
 the first stage, of the reranker alone, and of ``alpha * rerank + (1 - alpha) * first stage``
@@ -145,9 +150,12 @@ def build_cache(pack: Pack, cache: Path, layout: SplitLayout, threads: int = 2, 
     keep = pack.vocab_keep.astype(np.int64)  # pack ids are pruned; the lower graph has the full table
     bos, eos, pad_id = src.vocab.bos_id, src.vocab.eos_id, src.vocab.pad_id
     for lang, d in pack.langs.items():
-        for name, rag, prefix, cap in (("docs", d.docs, p_prefix, layout.passage_max_tokens),
-                                       ("train_q", d.train_q, q_prefix, layout.query_max_tokens),
-                                       ("valid_q", d.valid_q, q_prefix, layout.query_max_tokens)):
+        parts = [("docs", d.docs, p_prefix, layout.passage_max_tokens),
+                 ("train_q", d.train_q, q_prefix, layout.query_max_tokens),
+                 ("valid_q", d.valid_q, q_prefix, layout.query_max_tokens)]
+        if d.null_q is not None:
+            parts.append(("null_q", d.null_q, q_prefix, layout.query_max_tokens))
+        for name, rag, prefix, cap in parts:
             target = cache / f"{lang}_{name}.npy"
             if target.exists():
                 _log(f"{target.name}: cached")
@@ -166,6 +174,7 @@ class LangStates:
     docs: Ragged
     train_q: Ragged
     valid_q: Ragged
+    null_q: Ragged | None = None
 
 
 def load_cache(cache: Path, langs: list[str]) -> dict[str, LangStates]:
@@ -174,7 +183,8 @@ def load_cache(cache: Path, langs: list[str]) -> dict[str, LangStates]:
         def rag(name: str) -> Ragged:
             return Ragged(np.load(cache / f"{lang}_{name}.npy", mmap_mode="r"), np.load(cache / f"{lang}_{name}_off.npy"))
 
-        out[lang] = LangStates(rag("docs"), rag("train_q"), rag("valid_q"))
+        null = rag("null_q") if (cache / f"{lang}_null_q.npy").exists() else None
+        out[lang] = LangStates(rag("docs"), rag("train_q"), rag("valid_q"), null)
     return out
 
 
@@ -392,6 +402,13 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         scored = {qi for table in teacher.values() for qi, _ in table}
         items = [(lang, qi) for lang, qi in items if qi in scored]
         _log(f"--teacher-only: {len(items)} groups a pass, over the {len(scored)} questions the teacher scored")
+    nulls = _null_items(pack, states) if args.null_weight > 0 else []
+    if args.null_weight > 0:
+        if not nulls:
+            raise SystemExit("--null-weight: the pack has no lists with no answer (pack --null-questions) or the cache "
+                             "has no states for them (run `split cache` again)")
+        _log(f"lists with no answer: {len(nulls)} questions, {args.null_groups} a step, weight {args.null_weight}, "
+             f"null logit {args.null_logit}")
     steps_per_epoch = len(items) // groups_per_step
     planned = int(args.epochs * steps_per_epoch)
     params = [
@@ -434,6 +451,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     cursor = (step * groups_per_step) % len(items)
     last_ckpt = time.perf_counter()
     losses: list[float] = []
+    null_losses: list[float] = []
     model.train()
     while progress() < 1.0:
         t0 = time.perf_counter()
@@ -454,10 +472,23 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             group_docs.append(docs)
             qs += [states[lang].train_q[qi]] * len(docs)
             ps += [states[lang].docs[x] for x in docs]
-        logits = forward_pairs(model, qs, ps, args.micro, bf16).view(len(batch), args.group)
-        loss = torch.nn.functional.cross_entropy(logits, torch.zeros(len(batch), dtype=torch.long))
+        null_batch = [nulls[int(i)] for i in rng.choice(len(nulls), size=args.null_groups)] if nulls else []
+        for lang, j in null_batch:
+            cand = pack.langs[lang].null_cand[j][: 2 * args.group]  # type: ignore[index]
+            docs = [int(x) for x in rng.choice(cand, size=args.group, replace=len(cand) < args.group)]
+            qs += [states[lang].null_q[j]] * len(docs)  # type: ignore[index]
+            ps += [states[lang].docs[x] for x in docs]
+        all_logits = forward_pairs(model, qs, ps, args.micro, bf16).view(len(batch) + len(null_batch), args.group)
+        logits = all_logits[: len(batch)]
+        if nulls:
+            loss, null_loss = null_column_losses(logits, all_logits[len(batch):], args.null_logit)
+            null_losses.append(float(null_loss.detach()))
+        else:
+            loss = torch.nn.functional.cross_entropy(logits, torch.zeros(len(batch), dtype=torch.long))
         if teacher is not None:
             loss = (1.0 - args.distill) * loss + args.distill * distill_loss(logits, teacher, batch, group_docs, args.distill_temp)
+        if nulls:
+            loss = loss + args.null_weight * null_loss
         optimizer_step(model, opt, loss)
         step += 1
         train_seconds += time.perf_counter() - t0
@@ -467,9 +498,12 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             eta = (1.0 - progress()) * (budget if budget is not None else train_seconds / max(progress(), 1e-9))
             mean_loss = float(np.mean(losses[-args.log_every:]))
             bias = model.cross_bias.detach().mean().item()
-            _log(f"step {step} loss {mean_loss:.3f} (chance {math.log(args.group):.3f}) progress {progress():.1%} "
-                 f"{rate:.0f} pairs/s cross_bias {bias:.2f} eta {eta / 60:.1f} min")
-            emit("progress", loss=mean_loss, progress=progress(), pairs_per_s=rate, cross_bias=bias)
+            null_mean = float(np.mean(null_losses[-args.log_every:])) if null_losses else None
+            _log(f"step {step} loss {mean_loss:.3f} (chance {math.log(args.group + bool(nulls)):.3f}) progress {progress():.1%} "
+                 f"{rate:.0f} pairs/s cross_bias {bias:.2f} eta {eta / 60:.1f} min"
+                 + (f" null loss {null_mean:.3f}" if null_mean is not None else ""))
+            emit("progress", loss=mean_loss, progress=progress(), pairs_per_s=rate, cross_bias=bias,
+                 **({"null_loss": null_mean} if null_mean is not None else {}))
         if args.eval_every and step % args.eval_every == 0:
             ev = evaluate(model, pack, states, args.eval_questions, args.eval_depth, bf16)
             _log(f"eval: {json.dumps(ev)}")
@@ -487,6 +521,30 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                                    "args": {k: str(v) for k, v in vars(args).items()},
                                    "final_eval": final})
     return {"steps": step, "final_eval": final, "train_seconds": train_seconds}
+
+
+def _null_items(pack: Pack, states: dict[str, LangStates]) -> list[tuple[str, int]]:
+    """(lang, index) of every list with no answer the pack and the state cache both hold."""
+    return [(lang, j) for lang, d in pack.langs.items()
+            if d.null_q is not None and d.null_cand is not None and states[lang].null_q is not None
+            for j in range(len(d.null_q)) if len(d.null_cand[j])]
+
+
+def null_column_losses(logits: Any, null_logits: Any, null_logit: float) -> tuple[Any, Any]:
+    """Listwise softmax with a "no answer" column at a fixed logit: an answerable group's
+    positive must beat its negatives *and* the column, a group with no answer must put the
+    column first. Plain listwise softmax is blind to the level of the logits (a shift per
+    question changes nothing), which is what lets a reranker trained on answerable lists only
+    rate an off-domain question's best candidate as plausible; the column gives the logit an
+    absolute level. (A learnable column would duplicate the head's bias.)"""
+    import torch
+
+    def with_column(x: Any) -> Any:
+        return torch.cat([torch.full((x.shape[0], 1), null_logit, dtype=x.dtype), x], dim=1)
+
+    answerable = torch.nn.functional.cross_entropy(with_column(logits), torch.ones(logits.shape[0], dtype=torch.long))
+    none = torch.nn.functional.cross_entropy(with_column(null_logits), torch.zeros(null_logits.shape[0], dtype=torch.long))
+    return answerable, none
 
 
 WEIGHTS_FILE = "split-weights.npz"
@@ -541,6 +599,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--teacher-only", action="store_true",
                    help="train only on the question indices the teacher scored (in every language)")
     p.add_argument("--distill-temp", type=float, default=1.0, help="softmax temperature of the distillation term")
+    p.add_argument("--null-weight", type=float, default=0.0,
+                   help="weight of the lists with no answer (the pack's --null-questions); 0: off")
+    p.add_argument("--null-groups", type=int, default=2, help="lists with no answer a step (with --null-weight)")
+    p.add_argument("--null-logit", type=float, default=0.0, help="the fixed logit of the 'no answer' column")
     p.add_argument("--eval-every", type=int, default=600)
     p.add_argument("--eval-start", action="store_true")
     p.add_argument("--eval-questions", type=int, default=100)

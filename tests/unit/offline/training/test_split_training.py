@@ -211,6 +211,80 @@ def test_teacher_only_trains_on_the_questions_the_teacher_scored(tmp_path: Path,
     assert only["groups_per_pass"] == scored and only["steps"] == scored
 
 
+def test_null_column_gives_the_logit_a_level() -> None:
+    # Plain listwise softmax cannot tell a list with no answer: shifting every logit of a
+    # question changes nothing. The "no answer" column at a fixed logit can.
+    pytest.importorskip("torch", reason=TORCH_REASON)
+    import torch
+
+    from service.offline.training.split import null_column_losses
+
+    answerable = torch.tensor([[2.0, 0.0, -1.0]])
+    low, high = torch.tensor([[-4.0, -5.0, -6.0]]), torch.tensor([[1.0, 0.0, -1.0]])
+    a_low, n_low = null_column_losses(answerable, low, -2.0)
+    _, n_high = null_column_losses(answerable, high, -2.0)
+    assert float(n_low) < 0.2 < 2.0 < float(n_high)  # candidates above the column: a large loss
+    shifted, _ = null_column_losses(answerable - 5.0, low, -2.0)
+    assert float(shifted) > float(a_low) + 1.0  # and an answer below the column costs too
+    expect = torch.nn.functional.cross_entropy(torch.tensor([[-2.0, 2.0, 0.0, -1.0]]), torch.tensor([1]))
+    assert float(a_low) == pytest.approx(float(expect))
+    high.requires_grad_(True)
+    null_column_losses(answerable, high, -2.0)[1].backward()
+    assert high.grad is not None and bool((high.grad > 0).all())  # every candidate of the list goes down
+
+
+def test_null_questions_use_a_gibberish_seed_of_their_own(tmp_path: Path) -> None:
+    from service.eval.answerability import TEST_GIBBERISH_SEED, gibberish, off_domain_training
+    from service.offline.training.pack import null_questions
+
+    path = tmp_path / "nulls.json"
+    path.write_text(json.dumps({"_about": "x", "en": ["how do I tune a guitar"], "zh": ["怎么给吉他调音"]}))
+    got = null_questions(path, 3)
+    assert got["en"][0] == "how do I tune a guitar" and len(got["en"]) == 4 and len(got["zh"]) == 4
+    used = {*gibberish(20, "en", TEST_GIBBERISH_SEED), *off_domain_training().queries.values()}
+    assert not set(got["en"][1:]) & used and not set(got["zh"][1:]) & used
+
+
+def test_lists_with_no_answer_are_packed_cached_and_trained(tmp_path: Path, e5_int8_dir: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from service.offline.training.data import load_pack
+    from service.offline.training.pack import build_pack
+
+    monkeypatch.setenv("RETRIEVAL_EMBEDDINGS_CACHE", str(tmp_path / "emb-cache"))
+    pack_dir = tmp_path / "pack"
+    nulls = ["what is the capital of mongolia", "how do I tune a guitar", "who painted the mona lisa"]
+    build_pack(pack_dir, ("user",), valid_questions=2, bm25_negatives=4, dense_negatives=4, shipped_negatives=1,
+               candidates=8, model_dir=e5_int8_dir, judgements=_write_user_data(tmp_path), log=lambda m: None,
+               null_questions={"user": nulls}, null_candidates=5)
+    pack = load_pack(pack_dir)
+    d = pack.langs["user"]
+    assert d.null_q is not None and d.null_cand is not None and len(d.null_q) == 3
+    assert all(len(d.null_cand[j]) == 5 and len(set(d.null_cand[j].tolist())) == 5 for j in range(3))
+    assert pack.manifest["stats"]["user"]["null_questions"] == 3
+    (tmp_path / "plain").mkdir()
+    plain = load_pack(_pack(tmp_path / "plain", e5_int8_dir, monkeypatch)).langs["user"]
+    assert plain.null_q is None  # a pack without them loads as before
+    assert len(plain.train_q) == len(d.train_q)
+
+    pytest.importorskip("torch", reason=TORCH_REASON)
+    from service.offline.training.split import main as split_main
+
+    cache, out = tmp_path / "cache", tmp_path / "run"
+    split_main(["cache", "--pack", str(pack_dir), "--cache", str(cache), "--lower", "10"])
+    assert (cache / "user_null_q.npy").exists()
+    common = ["train", "--pack", str(pack_dir), "--cache", str(cache), "--out", str(out), "--group", "3",
+              "--batch-groups", "2", "--final-eval-questions", "2", "--eval-depth", "8", "--log-every", "1",
+              "--fp32", "--threads", "1", "--epochs", "1"]
+    split_main(common + ["--null-weight", "1", "--null-groups", "2", "--null-logit", "-2"])
+    progress = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines() if '"progress"' in x]
+    assert len(progress) == 3 and all(p["null_loss"] > 0 for p in progress)
+    plain_cache = tmp_path / "plain" / "cache"
+    split_main(["cache", "--pack", str(tmp_path / "plain" / "pack"), "--cache", str(plain_cache), "--lower", "10"])
+    with pytest.raises(SystemExit, match="no lists with no answer"):
+        split_main(["train", "--pack", str(tmp_path / "plain" / "pack"), "--cache", str(plain_cache),
+                    "--out", str(tmp_path / "plain" / "run"), "--null-weight", "1", "--fp32", "--threads", "1"])
+
+
 def test_platt_fit_on_saturated_logits() -> None:
     """Raw reranker logits sit far from 0 (20 x cosine): the fit must not diverge there."""
     from service.offline.training.split_export import fit_platt
