@@ -50,7 +50,6 @@ LATIN_FEATURES = ("latin_cos", "has_latin")
 KNOWN_FEATURES = (*RERANK_FEATURES, *LATIN_FEATURES)
 # Each signal that an item can lack, and the feature that says whether it has it.
 PRESENCE_FLAGS = {"dense_cos": "has_dense", "bm25_log": "has_bm25", "latin_cos": "has_latin"}
-_FLAG_OF = {flag: value for value, flag in PRESENCE_FLAGS.items()}
 
 
 def features_for(kind: str, legs: str) -> tuple[str, ...]:
@@ -104,25 +103,27 @@ class Logistic:
     scale: tuple[float, ...]
     coef: tuple[float, ...]
     intercept: float
+    # Per presence flag every fitting row had set (its mean is 1), the signal and the flag:
+    # derived from the fit once, not per item (``probability`` runs for every candidate).
+    _always_present: tuple[tuple[str, frozenset[str]], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        fitted = dict(zip(self.features, self.mean))
+        object.__setattr__(self, "_always_present", tuple(
+            (flag, frozenset((value, flag))) for value, flag in PRESENCE_FLAGS.items() if fitted.get(flag, 0.0) >= 1.0))
 
     def probability(self, x: Mapping[str, float]) -> float:
-        # A signal the fitting lists always had (its presence flag's mean is 1: e.g. every
-        # top item of a two-leg list had a kNN cosine) but this item lacks (found by BM25 or
-        # the Latin-script leg alone) says nothing the model learned: it counts as neutral
-        # (its fitted mean). Read as 0 it sits ~19 standard deviations from anything fitted,
-        # and the model's sign for it, not the evidence, decides the item's quality.
-        unseen = {value for value, flag in PRESENCE_FLAGS.items()
-                  if x.get(flag, 1.0) == 0.0 and self.always_present(flag)}
+        # A signal the fitting lists always had (e.g. every top item of a two-leg list had a
+        # kNN cosine) but this item lacks (found by BM25 or the Latin-script leg alone) says
+        # nothing the model learned: it counts as neutral (its fitted mean), and so does its
+        # flag. Read as 0 it sits ~19 standard deviations from anything fitted, and the
+        # model's sign for it, not the evidence, decides the item's quality.
+        neutral = frozenset().union(*(names for flag, names in self._always_present if x.get(flag, 1.0) == 0.0))
         z = self.intercept
         for name, m, s, w in zip(self.features, self.mean, self.scale, self.coef):
-            if name in unseen or _FLAG_OF.get(name) in unseen:  # the signal and its flag
-                continue
-            z += w * (x[name] - m) / s
+            if name not in neutral:
+                z += w * (x[name] - m) / s
         return sigmoid(z)
-
-    def always_present(self, flag: str) -> bool:
-        """Whether every fitting row had the signal of presence flag ``flag``."""
-        return flag in self.features and self.mean[self.features.index(flag)] >= 1.0
 
     def to_json(self) -> dict[str, Any]:
         return {"features": list(self.features), "mean": list(self.mean), "scale": list(self.scale),

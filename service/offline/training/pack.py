@@ -336,6 +336,10 @@ def build_pack(
             owners = dense_info.pop("owners")
             dn = dense_topk(doc_vecs, q_vecs, max(candidates, dense_negatives + 10), owners)
 
+        def fused_top(i: int, n: int) -> list[tuple[int, float]]:
+            """Query ``i``'s first stage: the top ``n`` of RRF over the legs' top ``candidates``."""
+            return rrf([bm[i][:candidates]] + ([dn[i][:candidates]] if dn is not None else []))[:n]
+
         # (a) training groups
         pos_rows: list[list[int]] = []
         neg_rows: list[list[int]] = []
@@ -373,8 +377,7 @@ def build_pack(
         for j, q in enumerate(vq_ids):
             i = len(tq_ids) + j
             relevant = {doc_index[d] for d in valid.qrels[q] if d in doc_index}
-            legs = [bm[i][:candidates]] + ([dn[i][:candidates]] if dn is not None else [])
-            fused = rrf(legs)[:candidates]
+            fused = fused_top(i, candidates)
             ranked = [d for d, _ in fused]
             cand[j, : len(ranked)] = ranked
             cand_score[j, : len(ranked)] = [s for _, s in fused]
@@ -393,8 +396,7 @@ def build_pack(
         # (n) lists with no answer: every candidate is a negative
         if nq:
             base = len(tq_ids) + nv
-            null_rows = [[d for d, _ in rrf([bm[base + j][:candidates]] + ([dn[base + j][:candidates]] if dn is not None else []))
-                          [:null_candidates]] for j in range(len(nq))]
+            null_rows = [[d for d, _ in fused_top(base + j, null_candidates)] for j in range(len(nq))]
             arrays[f"{lang}_null_cand"], arrays[f"{lang}_null_cand_off"] = _csr(null_rows, np.uint16)
 
         # (c) tokens (original ids for now; remapped once every language is in)
@@ -533,7 +535,7 @@ def null_questions(path: Path | None, gibberish_per_lang: int) -> dict[str, list
     data = json.loads(path.read_text(encoding="utf-8")) if path else {}
     out = {lang: [str(q) for q in qs] for lang, qs in data.items() if not lang.startswith("_")}
     for lang in list(out) or ["en", "zh"]:
-        out.setdefault(lang, []).extend(gibberish(gibberish_per_lang, lang, NULL_GIBBERISH_SEED) if gibberish_per_lang else [])
+        out.setdefault(lang, []).extend(gibberish(gibberish_per_lang, lang, NULL_GIBBERISH_SEED))
     return out
 
 
