@@ -11,11 +11,15 @@ upper layers, the cross-attention biases and the head on those states: listwise 
 cross-entropy over 1 positive + ``--group - 1`` mined hard negatives per question, AdamW,
 warmup then linear decay fitted into ``--minutes``, seeded, resumable (``--resume``) from
 the checkpoint it writes every ``--ckpt-every-min`` minutes, with progress and ETA on stderr.
-With ``--null-weight`` (a pack built with ``--null-questions``) each step also draws
-``--null-groups`` lists with no answer (off-domain questions and their first-stage
-candidates), and every group's softmax gains a "no answer" column at ``--null-logit``: an
-answerable group's positive must beat it, a list with no answer must put it first
-(``null_column_losses``), so the logit learns a level, not only an order.
+With ``--null-weight`` each step also draws ``--null-groups`` lists with no answer, and
+every group's softmax gains a "no answer" column at ``--null-logit``: an answerable group's
+positive must beat it, a list with no answer must put it first (``null_column_losses``), so
+the logit learns a level, not only an order. ``--null-source`` says where those lists come
+from: ``off-domain`` (a pack built with ``--null-questions``: off-domain questions and
+gibberish with their first-stage candidates), ``answers-removed`` (train questions whose
+BM25/dense negatives remain once their judged answers and near-duplicates of them are taken
+out: the same questions are answerable elsewhere in training, so no topic can tell "no
+answer"; ``answers_removed_lists``), or ``both``.
 
 Valid checks use the pack's valid questions and their 50 first-stage candidates: nDCG@10 of
 the first stage, of the reranker alone, and of ``alpha * rerank + (1 - alpha) * first stage``
@@ -40,6 +44,7 @@ import numpy.typing as npt
 
 from service.models.base import pad_rows
 from service.offline.training.data import Pack, Ragged, load_pack, ndcg10_from_order
+from service.offline.training.pack import SRC_BM25, SRC_DENSE
 from service.pipeline.fusion import INTERPOLATION_ALPHAS as ALPHAS
 from service.pipeline.fusion import interpolate
 QUERY_PREFIX = "query:"
@@ -402,13 +407,22 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         scored = {qi for table in teacher.values() for qi, _ in table}
         items = [(lang, qi) for lang, qi in items if qi in scored]
         _log(f"--teacher-only: {len(items)} groups a pass, over the {len(scored)} questions the teacher scored")
-    nulls = _null_items(pack, states) if args.null_weight > 0 else []
+    nulls: list[NullList] = []
     if args.null_weight > 0:
-        if not nulls:
-            raise SystemExit("--null-weight: the pack has no lists with no answer (pack --null-questions) or the cache "
-                             "has no states for them (run `split cache` again)")
-        _log(f"lists with no answer: {len(nulls)} questions, {args.null_groups} a step, weight {args.null_weight}, "
-             f"null logit {args.null_logit}")
+        if args.null_source in ("off-domain", "both"):
+            nulls += _null_items(pack, states, 2 * args.group)
+            if not nulls:
+                raise SystemExit("--null-weight: the pack has no lists with no answer (pack --null-questions) or the "
+                                 "cache has no states for them (run `split cache` again); or --null-source "
+                                 "answers-removed")
+        if args.null_source in ("answers-removed", "both"):
+            removed = answers_removed_lists(pack, items, args.null_min_candidates, args.null_near_duplicate)
+            if not removed:
+                raise SystemExit("--null-source answers-removed: no train question keeps "
+                                 f"{args.null_min_candidates} first-stage negatives")
+            nulls += removed
+        _log(f"lists with no answer ({args.null_source}): {len(nulls)} questions, {args.null_groups} a step, "
+             f"weight {args.null_weight}, null logit {args.null_logit}")
     steps_per_epoch = len(items) // groups_per_step
     planned = int(args.epochs * steps_per_epoch)
     params = [
@@ -473,11 +487,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             qs += [states[lang].train_q[qi]] * len(docs)
             ps += [states[lang].docs[x] for x in docs]
         null_batch = [nulls[int(i)] for i in rng.choice(len(nulls), size=args.null_groups)] if nulls else []
-        for lang, j in null_batch:
-            cand = pack.langs[lang].null_cand[j][: 2 * args.group]  # type: ignore[index]
-            docs = [int(x) for x in rng.choice(cand, size=args.group, replace=len(cand) < args.group)]
-            qs += [states[lang].null_q[j]] * len(docs)  # type: ignore[index]
-            ps += [states[lang].docs[x] for x in docs]
+        for nl in null_batch:
+            docs = [int(x) for x in rng.choice(nl.candidates, size=args.group, replace=len(nl.candidates) < args.group)]
+            qs += [nl.question_states(states[nl.lang])] * len(docs)
+            ps += [states[nl.lang].docs[x] for x in docs]
         all_logits = forward_pairs(model, qs, ps, args.micro, bf16).view(len(batch) + len(null_batch), args.group)
         logits = all_logits[: len(batch)]
         if nulls:
@@ -523,11 +536,63 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     return {"steps": step, "final_eval": final, "train_seconds": train_seconds}
 
 
-def _null_items(pack: Pack, states: dict[str, LangStates]) -> list[tuple[str, int]]:
-    """(lang, index) of every list with no answer the pack and the state cache both hold."""
-    return [(lang, j) for lang, d in pack.langs.items()
+@dataclass(frozen=True)
+class NullList:
+    """A question and candidates none of which answers it."""
+
+    lang: str
+    source: str  # "off-domain": the pack's null question ``index``; "answers-removed": train question ``index``
+    index: int
+    candidates: npt.NDArray[Any]
+
+    def question_states(self, lang_states: LangStates) -> Any:
+        if self.source == "off-domain":
+            return lang_states.null_q[self.index]  # type: ignore[index]  # _null_items checked it exists
+        return lang_states.train_q[self.index]
+
+
+def _null_items(pack: Pack, states: dict[str, LangStates], depth: int) -> list[NullList]:
+    """Every off-domain list with no answer the pack and the state cache both hold, cut to
+    the top ``depth`` of its first stage (the pack keeps 30)."""
+    return [NullList(lang, "off-domain", j, d.null_cand[j][:depth])
+            for lang, d in pack.langs.items()
             if d.null_q is not None and d.null_cand is not None and states[lang].null_q is not None
             for j in range(len(d.null_q)) if len(d.null_cand[j])]
+
+
+def answers_removed_lists(pack: Pack, items: list[tuple[str, int]], min_candidates: int,
+                          near_duplicate: float) -> list[NullList]:
+    """Lists with no answer made from answerable train questions: the question's BM25 and
+    dense negatives (the first stage's own candidates; the shipped random negatives are too
+    easy to say anything) without its judged answers, which the pack never lists as
+    negatives, and without any negative whose token set overlaps a judged answer's by
+    Jaccard >= ``near_duplicate`` (InsuranceQA has a few near-verbatim repeats across
+    questions; such a passage answers the question, whatever its label says). A question
+    that keeps fewer than ``min_candidates`` is skipped. Because the same questions are
+    answerable in the other groups, a reranker can only meet both by judging the passage,
+    not the question's topic (which is what off-domain lists alone taught it)."""
+    out: list[NullList] = []
+    token_sets: dict[tuple[str, int], frozenset[int]] = {}
+
+    def tokens(lang: str, doc: int) -> frozenset[int]:
+        key = (lang, doc)
+        if key not in token_sets:
+            token_sets[key] = frozenset(pack.langs[lang].docs[doc].tolist())
+        return token_sets[key]
+
+    for lang, qi in items:
+        d = pack.langs[lang]
+        neg, src = d.train_neg[qi], d.train_neg_src[qi]
+        hard = neg[(src & (SRC_BM25 | SRC_DENSE)) != 0]
+        answers = [tokens(lang, int(x)) for x in d.train_pos[qi]]
+        keep = [int(x) for x in hard if not any(_jaccard(tokens(lang, int(x)), a) >= near_duplicate for a in answers)]
+        if len(keep) >= min_candidates:
+            out.append(NullList(lang, "answers-removed", qi, np.asarray(keep, dtype=np.int64)))
+    return out
+
+
+def _jaccard(a: frozenset[int], b: frozenset[int]) -> float:
+    return len(a & b) / max(1, len(a | b))
 
 
 def null_column_losses(logits: Any, null_logits: Any, null_logit: float) -> tuple[Any, Any]:
@@ -600,9 +665,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="train only on the question indices the teacher scored (in every language)")
     p.add_argument("--distill-temp", type=float, default=1.0, help="softmax temperature of the distillation term")
     p.add_argument("--null-weight", type=float, default=0.0,
-                   help="weight of the lists with no answer (the pack's --null-questions); 0: off")
+                   help="weight of the lists with no answer (see --null-source); 0: off")
     p.add_argument("--null-groups", type=int, default=2, help="lists with no answer a step (with --null-weight)")
     p.add_argument("--null-logit", type=float, default=0.0, help="the fixed logit of the 'no answer' column")
+    p.add_argument("--null-source", choices=["off-domain", "answers-removed", "both"], default="off-domain",
+                   help="lists with no answer: the pack's off-domain questions (pack --null-questions), train "
+                        "questions with their judged answers and near-duplicates removed, or both")
+    p.add_argument("--null-min-candidates", type=int, default=16,
+                   help="answers-removed: skip a question left with fewer first-stage negatives")
+    p.add_argument("--null-near-duplicate", type=float, default=0.6,
+                   help="answers-removed: token Jaccard with a judged answer at which a negative counts as one")
     p.add_argument("--eval-every", type=int, default=600)
     p.add_argument("--eval-start", action="store_true")
     p.add_argument("--eval-questions", type=int, default=100)

@@ -283,6 +283,47 @@ def test_lists_with_no_answer_are_packed_cached_and_trained(tmp_path: Path, e5_i
     with pytest.raises(SystemExit, match="no lists with no answer"):
         split_main(["train", "--pack", str(tmp_path / "plain" / "pack"), "--cache", str(plain_cache),
                     "--out", str(tmp_path / "plain" / "run"), "--null-weight", "1", "--fp32", "--threads", "1"])
+    # Answers removed needs no off-domain questions: any pack with mined negatives has them.
+    # (This corpus is one template per topic, so at the default Jaccard too few negatives
+    # differ enough from the answer to make a list: the test keeps the ones that differ at all.)
+    removed = tmp_path / "plain" / "removed"
+    split_main(["train", "--pack", str(tmp_path / "plain" / "pack"), "--cache", str(plain_cache), "--out", str(removed),
+                "--group", "3", "--batch-groups", "2", "--final-eval-questions", "2", "--eval-depth", "8",
+                "--log-every", "1", "--fp32", "--threads", "1", "--epochs", "1", "--null-weight", "1",
+                "--null-logit", "-2", "--null-source", "answers-removed", "--null-min-candidates", "3",
+                "--null-near-duplicate", "0.99"])
+    progress = [json.loads(x) for x in (removed / "log.jsonl").read_text().splitlines() if '"progress"' in x]
+    assert progress and all(p["null_loss"] > 0 for p in progress)
+
+
+def test_answers_removed_lists_keep_only_first_stage_negatives_that_are_not_the_answer() -> None:
+    from service.offline.training.data import LangData, Pack, Ragged
+    from service.offline.training.pack import SRC_BM25, SRC_DENSE, SRC_SHIPPED
+    from service.offline.training.split import LangStates, answers_removed_lists
+
+    def ragged(rows: list[list[int]], dtype: type = np.uint16) -> Ragged:
+        return Ragged(np.asarray([x for r in rows for x in r], dtype=dtype),
+                      np.cumsum([0] + [len(r) for r in rows]).astype(np.int64))
+
+    docs = ragged([[1, 2, 3, 4, 5],  # 0: q0's judged answer
+                   [1, 2, 3, 4, 6],  # 1: the same answer reworded (Jaccard 4/6 with 0)
+                   [7, 8, 9], [10, 11], [12],  # 2 BM25, 3 dense, 4 a shipped random negative
+                   [1, 2, 30, 31, 32]])  # 5: shares two tokens with 0 (Jaccard 2/8)
+    d = LangData("en", docs, train_q=ragged([[40], [41]]), train_pos=ragged([[0], [3]]),
+                 train_neg=ragged([[1, 2, 3, 4, 5], [0, 2]]),
+                 train_neg_src=ragged([[SRC_BM25, SRC_BM25, SRC_DENSE, SRC_SHIPPED, SRC_DENSE | SRC_BM25], [1, 2]],
+                                      np.uint8),
+                 valid_q=ragged([]), valid_cand=np.zeros((0, 1), np.int32), valid_cand_score=np.zeros((0, 1), np.float32),
+                 valid_rel=np.zeros((0, 1), np.bool_), valid_nrel=np.zeros(0, np.int32))
+    pack = Pack(Path("."), {}, {"en": d}, 0, 2, 1, np.arange(50))
+    items = [("en", 0), ("en", 1)]
+    got = answers_removed_lists(pack, items, min_candidates=2, near_duplicate=0.6)
+    assert [(n.index, n.candidates.tolist()) for n in got] == [(0, [2, 3, 5]), (1, [0, 2])]
+    looser = answers_removed_lists(pack, items, min_candidates=2, near_duplicate=0.7)
+    assert looser[0].candidates.tolist() == [1, 2, 3, 5]  # the rewording counts as a negative again
+    assert [n.index for n in answers_removed_lists(pack, items, min_candidates=3, near_duplicate=0.6)] == [0]
+    states = LangStates(docs, ragged([[7], [8]]), ragged([]), None)
+    assert got[1].question_states(states).tolist() == [8]  # the train question itself asks it
 
 
 def test_platt_fit_on_saturated_logits() -> None:
