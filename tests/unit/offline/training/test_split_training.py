@@ -298,12 +298,11 @@ def test_lists_with_no_answer_are_packed_cached_and_trained(tmp_path: Path, e5_i
 
 def test_answers_removed_lists_keep_only_first_stage_negatives_that_are_not_the_answer() -> None:
     from service.offline.training.data import LangData, Pack, Ragged
-    from service.offline.training.pack import SRC_BM25, SRC_DENSE, SRC_SHIPPED
+    from service.offline.training.pack import SRC_BM25, SRC_DENSE, SRC_SHIPPED, _csr
     from service.offline.training.split import LangStates, answers_removed_lists
 
     def ragged(rows: list[list[int]], dtype: type = np.uint16) -> Ragged:
-        return Ragged(np.asarray([x for r in rows for x in r], dtype=dtype),
-                      np.cumsum([0] + [len(r) for r in rows]).astype(np.int64))
+        return Ragged(*_csr(rows, dtype))  # the layout the pack writes
 
     docs = ragged([[1, 2, 3, 4, 5],  # 0: q0's judged answer
                    [1, 2, 3, 4, 6],  # 1: the same answer reworded (Jaccard 4/6 with 0)
