@@ -45,6 +45,7 @@ class SplitHead:
     cross_bias: list[npt.NDArray[np.float32]]  # one [heads] per upper layer
     w: npt.NDArray[np.float32]  # [hidden]
     b: float
+    maxsim_w: float | None = None  # the late-interaction term's weight (None: no such term)
 
 
 GraphPart = Literal["whole", "lower", "joint"]
@@ -135,7 +136,32 @@ def _joint(g: _Graph, config: BertConfig, upper: list[LayerWeights], head: Split
     p_vec = mean_l2(g, p_part, p_mask)
     prod = g.op("Mul", [q_vec, p_vec])
     logits = g.op("MatMul", [prod, g.const("head.weight", np.asarray(head.w, np.float32).reshape(-1, 1))])
-    g.op("Add", [logits, g.const("head.bias", [float(head.b)])], name=LOGITS_OUTPUT)
+    if head.maxsim_w is None:
+        g.op("Add", [logits, g.const("head.bias", [float(head.b)])], name=LOGITS_OUTPUT)
+        return
+    logits = g.op("Add", [logits, g.const("head.bias", [float(head.b)])])
+    ms = _maxsim(g, q_part, q_mask, p_part, p_mask)  # [batch]
+    ms = g.op("Unsqueeze", [g.op("Mul", [ms, g.const("head.maxsim_weight", float(head.maxsim_w))]), "axes_1"])
+    g.op("Add", [logits, ms], name=LOGITS_OUTPUT)
+
+
+def _maxsim(g: _Graph, q: str, q_mask: str, p: str, p_mask: str) -> str:
+    """ColBERT's MaxSim [batch] (``training/split.py`` ``maxsim_score``): per query token the
+    best cosine over the passage's tokens, averaged over the query's tokens."""
+
+    def unit(x: str) -> str:
+        sq = g.op("ReduceSum", [g.op("Mul", [x, x]), g.const("axes_last_1d", [2], np.int64)], keepdims=1)
+        return g.op("Div", [x, g.op("Max", [g.op("Sqrt", [sq]), g.const("min_norm", 1e-12)])])
+
+    sim = g.op("MatMul", [unit(q), g.op("Transpose", [unit(p)], perm=[0, 2, 1])])  # [b, sq, sp]
+    pad = g.op("Mul", [g.op("Sub", [g.const("const_1f", 1.0), g.op("Cast", [p_mask], to=TensorProto.FLOAT)]),
+                       g.const("const_neg10000", -10000.0)])
+    sim = g.op("Add", [sim, g.op("Unsqueeze", [pad, g.const("axes_1", [1], np.int64)])])
+    best = g.op("ReduceMax", [sim], axes=[2], keepdims=0)  # [b, sq] (opset 17: axes is an attribute)
+    qm = g.op("Cast", [q_mask], to=TensorProto.FLOAT)
+    total = g.op("ReduceSum", [g.op("Mul", [best, qm]), g.const("axes_seq", [1], np.int64)], keepdims=0)
+    count = g.op("Max", [g.op("ReduceSum", [qm, "axes_seq"], keepdims=0), g.const("min_count", 1e-9)])
+    return g.op("Div", [total, count])
 
 
 def upper_layers(tensors: dict[str, npt.NDArray[np.float32]], n_upper: int) -> list[LayerWeights]:
@@ -161,7 +187,8 @@ def write_split_onnx(src: E5Bin, n_lower: int, tensors: dict[str, npt.NDArray[np
     and head (``tensors``); int8 = dynamic per-channel quantisation of every MatMul."""
     w = src.weights
     lower = BertWeights(w.word, w.position, w.token_type, w.emb_ln_w, w.emb_ln_b, w.layers[:n_lower])
-    head = SplitHead([tensors["cross_bias"][j] for j in range(n_upper)], tensors["head_w"], float(tensors["head_b"]))
+    head = SplitHead([tensors["cross_bias"][j] for j in range(n_upper)], tensors["head_w"], float(tensors["head_b"]),
+                     float(tensors["maxsim_w"]) if "maxsim_w" in tensors else None)
     graph = build_split_graph(src.config, lower, upper_layers(tensors, n_upper), head, precision == "int8", name, part)
     if precision == "fp32":
         onnx.save(graph, path)

