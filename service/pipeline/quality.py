@@ -417,7 +417,10 @@ class QualityModel:
         ``judged_jointly``: the list is reranked and the first stage's judge read it too."""
         if configured > 0:
             return configured
-        return self.default_gate(source, cjk, legs, judged_jointly) or FALLBACK_REFERENCE
+        joint = self.joint_gate(cjk, legs) if judged_jointly and source is QualitySource.RERANKER_PROBABILITY else None
+        if joint is not None:  # a fitted 0 (the first stage's judge alone decides) is a gate, not "none fitted"
+            return joint.rerank
+        return self.default_gate(source, cjk, legs) or FALLBACK_REFERENCE
 
     def assign_all(self, ranked: Sequence[Candidate], *, reranked: bool, max_fused: float, cjk: bool,
                    legs: str = "both", answered_max_fused: float | None = None) -> list[QualitySource]:
