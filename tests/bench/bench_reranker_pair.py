@@ -32,6 +32,9 @@ from service.models.onnx_cross_encoder import OnnxCrossEncoder  # noqa: E402
 def main(base: Path, candidate: Path, lang: str, n_questions: int, threads: int) -> None:
     models = {"base": OnnxCrossEncoder(base, threads=threads, compact_states=True),
               "candidate": OnnxCrossEncoder(candidate, threads=threads, compact_states=True)}
+    keys = {name: model.states_key for name, model in models.items()}
+    if keys["base"] is None or keys["base"] != keys["candidate"]:  # one set of stored states must serve both
+        raise SystemExit(f"the builds do not share their stored states (states keys {keys}): not a pair this bench compares")
     data = load_insuranceqa("valid", lang)  # type: ignore[arg-type]
     rng, answers = random.Random(0), sorted(data.corpus)
     reranks = []
