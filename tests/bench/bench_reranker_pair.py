@@ -4,8 +4,8 @@ drift on a shared machine; ratios taken in one run do not).
 
     .venv/bin/python tests/bench/bench_reranker_pair.py BASE_DIR CANDIDATE_DIR [--lang en] [--queries 40]
 
-Per valid InsuranceQA question (the eval extra): 3 judged answers + 17 random ones (seed 0),
-20 pairs as one rerank, with the passages' compact states stored (what serving reads; both
+Per valid InsuranceQA question (the eval extra): the reranks of ``rerank_drift.py`` (3 judged
+answers + 17 random ones, seed 0) as one call each, with the passages' compact states stored (what serving reads; both
 builds must share their lower layers and projection, as a candidate of ``split_export --ship``
 does). Each rerank runs on both builds, the order alternating per question, after one warm-up
 pass. Prints p50 / p90 of a rerank per build, the ratio of the p50s, and the largest logit
@@ -15,7 +15,6 @@ difference (0 when the builds differ only in bytes).
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import sys
 import time
@@ -25,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np  # noqa: E402
 
-from service.eval.datasets import load_insuranceqa  # noqa: E402
 from service.models.onnx_cross_encoder import OnnxCrossEncoder  # noqa: E402
+from tests.bench.rerank_drift import valid_reranks  # noqa: E402
 
 
 def main(base: Path, candidate: Path, lang: str, n_questions: int, threads: int) -> None:
@@ -35,13 +34,7 @@ def main(base: Path, candidate: Path, lang: str, n_questions: int, threads: int)
     keys = {name: model.states_key for name, model in models.items()}
     if keys["base"] is None or keys["base"] != keys["candidate"]:  # one set of stored states must serve both
         raise SystemExit(f"the builds do not share their stored states (states keys {keys}): not a pair this bench compares")
-    data = load_insuranceqa("valid", lang)  # type: ignore[arg-type]
-    rng, answers = random.Random(0), sorted(data.corpus)
-    reranks = []
-    for qid in sorted(data.queries)[:n_questions]:
-        q = data.queries[qid]
-        passages = [data.corpus[a] for a in sorted(data.qrels[qid])[:3] + rng.sample(answers, 17)][:20]
-        reranks.append(([(q, p) for p in passages], models["base"].passage_states(passages)))
+    reranks = [(pairs, models["base"].passage_states([p for _, p in pairs])) for pairs in valid_reranks(lang, n_questions)]
     times: dict[str, list[float]] = {name: [] for name in models}
     worst = 0.0
     for name, model in models.items():  # warm-up: session arenas, first-call allocations

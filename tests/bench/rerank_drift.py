@@ -29,15 +29,20 @@ from service.models.onnx_cross_encoder import OnnxCrossEncoder  # noqa: E402
 RERANKER = "e5-small-split-reranker-int8"
 
 
+def valid_reranks(lang: str, n_questions: int) -> list[list[tuple[str, str]]]:
+    """The first ``n_questions`` valid questions (sorted ids), each with 3 judged answers + 17
+    random ones (seed 0) as one rerank's pairs."""
+    data = load_insuranceqa("valid", lang)  # type: ignore[arg-type]
+    rng, answers = random.Random(0), sorted(data.corpus)
+    return [[(data.queries[qid], data.corpus[a]) for a in sorted(data.qrels[qid])[:3] + rng.sample(answers, 17)]
+            for qid in sorted(data.queries)[:n_questions]]
+
+
 def main(lang: str, n_questions: int) -> None:
     model_dir = load_config(None).models_dir / RERANKER
     full, compact = OnnxCrossEncoder(model_dir), OnnxCrossEncoder(model_dir, compact_states=True)
-    data = load_insuranceqa("valid", lang)  # type: ignore[arg-type]
-    rng, answers = random.Random(0), sorted(data.corpus)
     scores: dict[str, list[np.ndarray]] = {}
-    for qid in sorted(data.queries)[:n_questions]:
-        q = data.queries[qid]
-        pairs = [(q, data.corpus[a]) for a in sorted(data.qrels[qid])[:3] + rng.sample(answers, 17)]
+    for pairs in valid_reranks(lang, n_questions):
         passages = [p for _, p in pairs]
         scores.setdefault("one graph", []).append(full.infer(full.tokenize(pairs)))
         exact = full.tokenize_with_states(pairs, [None] * len(pairs))

@@ -11,7 +11,6 @@ import pytest
 from service.domain import QualitySource, RelevanceLevel
 from service.engines.base import ChunkRecord
 from service.pipeline.fusion import Candidate
-from service.pipeline.relevance import relevance_level
 from service.pipeline.quality import (
     CALIBRATION_FILE,
     HYBRID_FEATURES,
@@ -23,6 +22,7 @@ from service.pipeline.quality import (
     parse_calibration,
     signals,
 )
+from service.pipeline.relevance import relevance_level
 
 
 def _logistic(features: tuple[str, ...], coef: float) -> dict[str, object]:
@@ -239,7 +239,6 @@ def test_a_joint_gate_judges_a_reranked_list_by_both_judges_at_once() -> None:
     assert model.gate(items, src, 0.0, cjk=False, first_stage=0.9) == []  # the reranker found nothing
     # No first-stage judge (an uncalibrated embedder): the reranker's own gate alone.
     assert model.gate(items, src, 0.0, cjk=False, first_stage=None) == []
-
     # Chinese has no joint gate here: each judge's own gate (reranker 0.1 AND first stage 0.2).
     for c in items:
         c.quality = 0.05
@@ -255,6 +254,8 @@ def test_a_joint_gate_judges_a_reranked_list_by_both_judges_at_once() -> None:
     assert QualityModel(rerank=rerank).joint_gate(False) is None
     # What the service logs at start: joint gates that do not apply.
     assert stale.stale_joint_gates() and QualityModel(rerank=rerank).stale_joint_gates()
+    assert not model.stale_joint_gates() and not QualityModel(hybrid=hybrid).stale_joint_gates()
+    assert not QualityModel(hybrid=hybrid, rerank=parse_calibration(_doc("rerank", "r"), "rerank")).stale_joint_gates()
 
 
 def test_a_joint_gate_of_0_for_the_reranker_gives_what_passes_a_level() -> None:
@@ -274,8 +275,6 @@ def test_a_joint_gate_of_0_for_the_reranker_gives_what_passes_a_level() -> None:
     assert relevance_level(0.003, 0.9, reference) is RelevanceLevel.REFERENCE
     assert model.reference_threshold(QualitySource.RERANKER_PROBABILITY, False, "both", 0.0) == 0.1  # not read jointly
     assert model.reference_threshold(QualitySource.RERANKER_PROBABILITY, True, "both", 0.0, judged_jointly=True) == 0.5
-    assert not model.stale_joint_gates() and not QualityModel(hybrid=hybrid).stale_joint_gates()
-    assert not QualityModel(hybrid=hybrid, rerank=parse_calibration(_doc("rerank", "r"), "rerank")).stale_joint_gates()
 
 
 @pytest.mark.parametrize("joint, why", [
