@@ -54,6 +54,7 @@ class LangData:
     valid_nrel: npt.NDArray[np.int32]
     null_q: Ragged | None = None  # questions no passage answers (pack --null-questions)
     null_cand: Ragged | None = None  # their first-stage candidates, all negatives
+    train_neg_rank: Ragged | None = None  # each negative's fused first-stage rank (packs since 2026-12-06)
 
 
 @dataclass
@@ -93,6 +94,8 @@ def load_pack(path: Path, langs: list[str] | None = None) -> Pack:
             valid_nrel=a[f"{lang}_valid_nrel"],
             null_q=rag(f"{lang}_null_q_tok") if f"{lang}_null_q_tok" in a else None,
             null_cand=rag(f"{lang}_null_cand") if f"{lang}_null_cand" in a else None,
+            train_neg_rank=(rag(f"{lang}_train_neg_rank", f"{lang}_train_neg_off")
+                            if f"{lang}_train_neg_rank" in a else None),
         )
     sp = manifest["tokenizer"]["special_ids"]
     return Pack(path, manifest, out, int(sp["<s>"]), int(sp["</s>"]), int(sp["<pad>"]), a["vocab_keep"])

@@ -52,6 +52,7 @@ MANIFEST_FILE = "manifest.json"
 SIZE_LIMIT = 55 * 10**6
 RRF_K = 60
 SRC_BM25, SRC_DENSE, SRC_SHIPPED = 1, 2, 4
+NOT_RANKED = 255  # train_neg_rank of a negative outside the fused first stage's top candidates
 
 I32 = npt.NDArray[np.int32]
 Log = Callable[[str], None]
@@ -344,10 +345,12 @@ def build_pack(
         pos_rows: list[list[int]] = []
         neg_rows: list[list[int]] = []
         src_rows: list[list[int]] = []
+        rank_rows: list[list[int]] = []
         shipped_used = 0
         for i, q in enumerate(tq_ids):
             pos = sorted(doc_index[d] for d in train.qrels[q] if d in doc_index)
             pos_set = set(pos)
+            fused_rank = {d: r for r, (d, _) in enumerate(fused_top(i, candidates))}
             src: dict[int, int] = {}
             for d, _ in [x for x in bm[i] if x[0] not in pos_set][:bm25_negatives]:
                 src[d] = src.get(d, 0) | SRC_BM25
@@ -362,9 +365,13 @@ def build_pack(
             pos_rows.append(pos)
             neg_rows.append(negs)
             src_rows.append([src[d] for d in negs])
+            rank_rows.append([min(fused_rank.get(d, NOT_RANKED), NOT_RANKED) for d in negs])
         arrays[f"{lang}_train_pos"], arrays[f"{lang}_train_pos_off"] = _csr(pos_rows, np.uint16)
         arrays[f"{lang}_train_neg"], arrays[f"{lang}_train_neg_off"] = _csr(neg_rows, np.uint16)
         arrays[f"{lang}_train_neg_src"], _ = _csr(src_rows, np.uint8)
+        # Where each negative stands in the fused first stage (0 = its top; NOT_RANKED beyond
+        # its top ``candidates`` or a shipped negative only), for ``split train --hard-top``.
+        arrays[f"{lang}_train_neg_rank"], _ = _csr(rank_rows, np.uint8)
 
         # (b) valid candidates, fused first-stage order
         nv = len(vq_ids)

@@ -11,6 +11,9 @@ upper layers, the cross-attention biases and the head on those states: listwise 
 cross-entropy over 1 positive + ``--group - 1`` mined hard negatives per question, AdamW,
 warmup then linear decay fitted into ``--minutes``, seeded, resumable (``--resume``) from
 the checkpoint it writes every ``--ckpt-every-min`` minutes, with progress and ETA on stderr.
+Negatives are drawn uniformly from a question's mined ones, or, with ``--hard-share``, that
+share of them from those the fused first stage ranks in its top ``--hard-top``
+(``draw_negatives``; the pack's ``train_neg_rank``).
 With ``--null-weight`` each step also draws ``--null-groups`` lists with no answer, and
 every group's softmax gains a "no answer" column at ``--null-logit``: an answerable group's
 positive must beat it, a list with no answer must put it first (``null_column_losses``), so
@@ -425,6 +428,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                              f"({exc})") from exc
         _log(f"initialised from {args.init_from} (cross bias mean {float(model.cross_bias.detach().mean()):.2f})")
     teacher = _load_teacher(args, pack)
+    if args.hard_share > 0 and any(d.train_neg_rank is None for d in pack.langs.values()):
+        raise SystemExit(f"--hard-share: {args.pack} has no train_neg_rank (packs built before 2026-12-06): pack again")
     groups_per_step = args.batch_groups
     rng = np.random.default_rng(args.seed)
     # Every (lang, question) with a positive and negatives, shuffled per epoch.
@@ -513,7 +518,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         for lang, qi in batch:
             d = pack.langs[lang]
             neg = d.train_neg[qi]
-            docs = [int(rng.choice(d.train_pos[qi]))] + [int(x) for x in rng.choice(neg, size=args.group - 1, replace=len(neg) < args.group - 1)]
+            rank = d.train_neg_rank[qi] if d.train_neg_rank is not None else None
+            docs = [int(rng.choice(d.train_pos[qi]))] + draw_negatives(rng, neg, rank, args.group - 1, args.hard_top,
+                                                                       args.hard_share)
             group_docs.append(docs)
             qs += [states[lang].train_q[qi]] * len(docs)
             ps += [states[lang].docs[x] for x in docs]
@@ -582,6 +589,25 @@ class NullList:
         if self.source == "off-domain":
             return lang_states.null_q[self.index]  # type: ignore[index]  # _null_items checked it exists
         return lang_states.train_q[self.index]
+
+
+def draw_negatives(rng: np.random.Generator, neg: npt.NDArray[Any], rank: npt.NDArray[Any] | None, n: int,
+                   hard_top: int, hard_share: float) -> list[int]:
+    """``n`` of a question's mined negatives for one training group.
+
+    Uniform over all of them by default. With ``hard_share`` > 0, ``round(hard_share * n)``
+    come from those the fused first stage ranks above ``hard_top`` (``rank``: the pack's
+    ``train_neg_rank``), the rest uniformly from the others: the lists the served reranker
+    sees are the first stage's top, where uniform draws over ~60 negatives put only about a
+    third. Without replacement while there are enough."""
+    if hard_share <= 0 or rank is None:
+        return [int(x) for x in rng.choice(neg, size=n, replace=len(neg) < n)]
+    hard = np.flatnonzero(rank < hard_top)
+    k = min(int(round(hard_share * n)), len(hard))
+    picked = rng.choice(hard, size=k, replace=False) if k else np.empty(0, dtype=np.int64)
+    rest = np.setdiff1d(np.arange(len(neg)), picked)
+    more = rng.choice(rest, size=n - k, replace=len(rest) < n - k) if len(rest) else rng.choice(len(neg), size=n - k)
+    return [int(neg[i]) for i in np.concatenate([picked, more])]
 
 
 def _null_items(pack: Pack, states: dict[str, LangStates], depth: int) -> list[NullList]:
@@ -697,6 +723,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--teacher-only", action="store_true",
                    help="train only on the question indices the teacher scored (in every language)")
     p.add_argument("--distill-temp", type=float, default=1.0, help="softmax temperature of the distillation term")
+    p.add_argument("--hard-top", type=int, default=20,
+                   help="with --hard-share: negatives the fused first stage ranks above this count as hard")
+    p.add_argument("--hard-share", type=float, default=0.0,
+                   help="share of a group's negatives drawn from the hard ones (a pack with train_neg_rank); "
+                        "0: uniform over all mined negatives")
     p.add_argument("--null-weight", type=float, default=0.0,
                    help="weight of the lists with no answer (see --null-source); 0: off")
     p.add_argument("--null-groups", type=int, default=2, help="lists with no answer a step (with --null-weight)")

@@ -76,6 +76,65 @@ def test_pack_from_user_judgements_holds_out_valid(tmp_path: Path, e5_int8_dir: 
     assert d.valid_rel.any(axis=1).all()  # every held-out question has its answer among the candidates
 
 
+def test_the_pack_ranks_each_negative_in_the_fused_first_stage(tmp_path: Path, e5_int8_dir: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from service.offline.training.data import load_pack
+    from service.offline.training.pack import NOT_RANKED, SRC_BM25, SRC_DENSE
+
+    d = load_pack(_pack(tmp_path, e5_int8_dir, monkeypatch)).langs["user"]
+    assert d.train_neg_rank is not None
+    ranked_any = False
+    for qi in range(len(d.train_q)):
+        rank, src = d.train_neg_rank[qi], d.train_neg_src[qi]
+        assert len(rank) == len(d.train_neg[qi])
+        ranked = rank[rank != NOT_RANKED]
+        assert len(set(ranked.tolist())) == len(ranked) and (ranked < 8).all()  # positions in the top 8
+        ranked_any |= bool(len(ranked))
+        # a negative in both legs' top 4 is in the fused top 8 (RRF of two top-8 lists)
+        assert (rank[(src & SRC_BM25 > 0) & (src & SRC_DENSE > 0)] != NOT_RANKED).all()
+    assert ranked_any
+
+
+def test_hard_negatives_come_from_the_first_stage_top() -> None:
+    from service.offline.training.split import draw_negatives
+
+    neg = np.arange(100, 160)
+    rank = np.full(60, 255, dtype=np.uint8)
+    hard_idx = np.random.default_rng(0).choice(60, size=20, replace=False)
+    rank[hard_idx] = np.arange(20)
+    hard = set(neg[hard_idx].tolist())
+    rng = np.random.default_rng(1)
+    draws = [draw_negatives(rng, neg, rank, 7, 20, 4 / 7) for _ in range(300)]
+    assert all(len(x) == 7 and len(set(x)) == 7 and set(x) <= set(neg.tolist()) for x in draws)
+    assert all(len(set(x) & hard) >= 4 for x in draws)  # 4 from the top, 3 from anywhere
+    uniform = [draw_negatives(rng, neg, rank, 7, 20, 0.0) for _ in range(300)]
+    share = np.mean([len(set(x) & hard) / 7 for x in uniform])
+    assert 0.25 < share < 0.42  # a third of the negatives are in the top 20
+    assert draw_negatives(rng, neg, None, 7, 20, 0.5) and len(draw_negatives(rng, neg, None, 7, 20, 0.5)) == 7
+    few = np.full(60, 255, dtype=np.uint8)
+    few[:2] = [0, 1]
+    assert all({100, 101} <= set(draw_negatives(rng, neg, few, 7, 20, 4 / 7)) for _ in range(20))  # all 2 hard ones
+    short = draw_negatives(rng, neg[:3], rank[:3], 7, 20, 0.5)  # fewer negatives than the group: repeats
+    assert len(short) == 7 and set(short) <= {100, 101, 102}
+
+
+def test_training_draws_hard_negatives_only_from_a_pack_that_ranks_them(tmp_path: Path, e5_int8_dir: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch", reason=TORCH_REASON)
+    from service.offline.training.split import main as split_main
+
+    pack_dir, cache = _pack_and_cache(tmp_path, e5_int8_dir, monkeypatch)
+    meta, _ = _train_tiny(pack_dir, cache, tmp_path / "run", "--hard-share", "0.5", "--hard-top", "4")
+    args = meta["args"]
+    assert isinstance(args, dict) and args["hard_share"] == "0.5" and args["hard_top"] == "4"
+    # A pack from before ranks were stored is refused, not silently trained uniformly.
+    with np.load(pack_dir / "data.npz") as z:
+        arrays = {k: z[k] for k in z.files if not k.endswith("_train_neg_rank")}
+    np.savez_compressed(pack_dir / "data.npz", **arrays)
+    with pytest.raises(SystemExit, match="no train_neg_rank"):
+        _train_tiny(pack_dir, cache, tmp_path / "old", "--hard-share", "0.5")
+
+
 def test_a_user_corpus_is_packed_as_serving_reads_it(tmp_path: Path, e5_int8_dir: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """A reranker trained on your own corpus reads each passage with its title and breadcrumb,
