@@ -252,6 +252,25 @@ def make_upper(src: Any, layout: SplitLayout, n_upper: int, dropout: float, cros
     return model
 
 
+def grow_below(delta: dict[str, Any], fresh: dict[str, Any], k: int) -> dict[str, Any]:
+    """A delta's joint layers become the top ones of a model with ``k`` more joint layers:
+    the ``k`` below (split ``k`` layers lower) keep ``fresh``'s (the wheel's, with the fresh
+    cross-attention bias), so with that bias shut the start ranks almost as the delta did."""
+    import torch
+
+    out = {}
+    for key, value in delta.items():
+        if key.startswith("layers."):
+            i, rest = key[len("layers."):].split(".", 1)
+            out[f"layers.{int(i) + k}.{rest}"] = value
+        elif key == "cross_bias":
+            out[key] = torch.cat([fresh[key][:k], value])
+        else:
+            out[key] = value
+    out.update({key: value for key, value in fresh.items() if key.startswith(tuple(f"layers.{i}." for i in range(k)))})
+    return out
+
+
 def maxsim_score(q: Any, qm: Any, p: Any, pm: Any) -> Any:
     """ColBERT's MaxSim, [b]: per query token the best cosine over the passage's tokens, the
     mean over the query's tokens (padding excluded on both sides)."""
@@ -420,6 +439,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
         try:  # strict: torch itself refuses a missing, unexpected or misshapen tensor
             start = {k: torch.from_numpy(v) for k, v in load_delta(args.init_from).items()}
+            if args.new_lower_layers:
+                start = grow_below(start, model.state_dict(), args.new_lower_layers)
             if args.maxsim and "maxsim_w" not in start:
                 start["maxsim_w"] = torch.tensor(float(args.maxsim_init))  # 0: the delta's own ranking
             model.load_state_dict(start)
@@ -717,6 +738,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="joint layers start from the wheel's e5 layers or the domain-adapted embedder's")
     p.add_argument("--init-from", type=Path, default=None,
                    help="start from a shipped reranker's delta.npz (continued training; overrides --init-upper)")
+    p.add_argument("--new-lower-layers", type=int, default=0,
+                   help="with --init-from: the delta's joint layers become the top ones and this many joint layers "
+                        "below them start from the wheel's (split that many layers lower, cross bias "
+                        "--cross-bias-init)")
     p.add_argument("--teacher", type=Path, default=None,
                    help="teacher.npz (service.offline.training.teacher): distil the joint cross-encoder's list scores")
     p.add_argument("--distill", type=float, default=0.5, help="weight of the distillation term (with --teacher)")

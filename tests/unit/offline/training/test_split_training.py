@@ -233,6 +233,26 @@ def test_training_continues_from_a_shipped_delta(tmp_path: Path, e5_int8_dir: Pa
     np.savez(tmp_path / "one-layer.npz", **partial)  # type: ignore[arg-type]
     with pytest.raises(SystemExit, match="not a delta of 2 joint layers"):
         train(tmp_path / "wrong", "--init-from", str(tmp_path / "one-layer.npz"))
+    # --new-lower-layers 1: a third joint layer below the delta's two (split one layer lower),
+    # from the wheel's layer with its cross-attention shut; the delta's layers move up by one.
+    from service.offline.training.split import main as split_main
+
+    cache9 = tmp_path / "cache9"
+    split_main(["cache", "--pack", str(pack_dir), "--cache", str(cache9), "--lower", "9"])
+    grown = _train_tiny(pack_dir, cache9, tmp_path / "grown", "--lr", "0", "--upper", "3", "--init-from",
+                        str(tmp_path / "delta.npz"), "--new-lower-layers", "1", "--cross-bias-init", "-10")[1]
+    wheel9 = _train_tiny(pack_dir, cache9, tmp_path / "wheel9", "--lr", "0", "--upper", "3")[1]
+    assert grown["cross_bias"].shape == (3, delta["cross_bias"].shape[1])
+    assert float(np.abs(grown["cross_bias"][0] + 10.0).max()) == 0.0
+    assert np.array_equal(grown["cross_bias"][1:], delta["cross_bias"]) and np.array_equal(grown["head_w"], delta["head_w"])
+    for key in delta:
+        if key.startswith("layers."):
+            i, rest = key.split(".", 2)[1:]
+            assert np.array_equal(grown[f"layers.{int(i) + 1}.{rest}"], delta[key]), key
+    assert all(np.array_equal(grown[k], wheel9[k]) for k in wheel9 if k.startswith("layers.0."))
+    with pytest.raises(SystemExit, match="not a delta of 3 joint layers"):  # the counts must add up
+        _train_tiny(pack_dir, cache9, tmp_path / "mismatch", "--upper", "3", "--init-from", str(tmp_path / "delta.npz"),
+                    "--new-lower-layers", "2")
 
 
 def test_a_maxsim_head_term_is_trained_exported_and_served(tmp_path: Path, e5_int8_dir: Path,
