@@ -409,6 +409,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
     from service.offline.training.model import optimizer_step, save_checkpoint
 
+    if args.new_lower_layers and args.init_from is None:
+        raise SystemExit("--new-lower-layers grows a delta: it needs --init-from")
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     bf16 = not args.fp32 and bf16_native()
@@ -618,7 +620,7 @@ def draw_negatives(rng: np.random.Generator, neg: npt.NDArray[Any], rank: npt.ND
 
     Uniform over all of them by default. With ``hard_share`` > 0, ``round(hard_share * n)``
     come from those the fused first stage ranks above ``hard_top`` (``rank``: the pack's
-    ``train_neg_rank``), the rest uniformly from the others: the lists the served reranker
+    ``train_neg_rank``), the rest uniformly from all not yet drawn: the lists the served reranker
     sees are the first stage's top, where uniform draws over ~60 negatives put only about a
     third. Without replacement while there are enough."""
     if hard_share <= 0 or rank is None:

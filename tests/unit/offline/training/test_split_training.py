@@ -250,6 +250,8 @@ def test_training_continues_from_a_shipped_delta(tmp_path: Path, e5_int8_dir: Pa
             i, rest = key.split(".", 2)[1:]
             assert np.array_equal(grown[f"layers.{int(i) + 1}.{rest}"], delta[key]), key
     assert all(np.array_equal(grown[k], wheel9[k]) for k in wheel9 if k.startswith("layers.0."))
+    with pytest.raises(SystemExit, match="needs --init-from"):
+        _train_tiny(pack_dir, cache9, tmp_path / "alone", "--upper", "3", "--new-lower-layers", "1")
     with pytest.raises(SystemExit, match="not a delta of 3 joint layers"):  # the counts must add up
         _train_tiny(pack_dir, cache9, tmp_path / "mismatch", "--upper", "3", "--init-from", str(tmp_path / "delta.npz"),
                     "--new-lower-layers", "2")
