@@ -418,6 +418,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     t_start = time.perf_counter()
     deadline = t_start + args.minutes * 60 if args.minutes else None
     pack = load_pack(args.pack, [s for s in args.langs.split(",") if s] if args.langs else None)
+    if args.hard_share > 0 and any(d.train_neg_rank is None for d in pack.langs.values()):
+        raise SystemExit(f"--hard-share: {args.pack} has no train_neg_rank (packs built before 2026-12-06): pack again")
     meta = json.loads((args.cache / "cache.json").read_text())
     layout = SplitLayout(**meta["layout"])
     states = load_cache(args.cache, list(pack.langs))
@@ -451,8 +453,6 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                              f"({exc})") from exc
         _log(f"initialised from {args.init_from} (cross bias mean {float(model.cross_bias.detach().mean()):.2f})")
     teacher = _load_teacher(args, pack)
-    if args.hard_share > 0 and any(d.train_neg_rank is None for d in pack.langs.values()):
-        raise SystemExit(f"--hard-share: {args.pack} has no train_neg_rank (packs built before 2026-12-06): pack again")
     groups_per_step = args.batch_groups
     rng = np.random.default_rng(args.seed)
     # Every (lang, question) with a positive and negatives, shuffled per epoch.
