@@ -36,6 +36,7 @@ class Head:
     ids: list[str]
     signals: dict[str, list[float | None]]
     relevant: set[str]
+    query: str = ""
 
 
 def load_heads(path: Path) -> list[Head]:
@@ -49,7 +50,7 @@ def load_heads(path: Path) -> list[Head]:
         if len(rows) < 2:
             continue
         heads.append(Head([str(column(r, "source_id")) for r in rows], {f: [column(r, f) for r in rows] for f in FEATURES},
-                          set(record["relevant"])))
+                          set(record["relevant"]), str(record.get("query", ""))))
     return heads
 
 

@@ -29,12 +29,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from service.models.manifest import MANIFEST, MODEL_FILE, TOKENIZER_FILE, publish_model_dir, sha256_file, write_manifest
 from service.offline.builder.bert_graph import EMBEDDING_OUTPUT
 from service.offline.builder.e5 import Log, _stderr
+from service.offline.builder.q4bin import BertConfig, BertWeights, LayerWeights
 from service.offline.builder.reranker import ArtifactMismatch
 
 GROUP = "dev.langchain4j"
@@ -251,3 +254,85 @@ def _build_variant(variant: BgeVariant, jar: Path, source_sha: str, final: Path,
     finally:
         shutil.rmtree(work, ignore_errors=True)
     log(f"{final.name}: built in {time.perf_counter() - t0:.1f}s ({(final / MODEL_FILE).stat().st_size / 1e6:.0f} MB)")
+
+
+# -- bge as a split reranker's backbone (offline: split training reads its fp32 weights) -------
+
+_LINEARS = {"q": "attention.self.query", "k": "attention.self.key", "v": "attention.self.value",
+            "ao": "attention.output.dense", "fi": "intermediate.dense", "fo": "output.dense"}
+
+
+def bert_weights(model: onnx.ModelProto, heads: int) -> tuple[BertConfig, BertWeights]:
+    """The fp32 weights of a Hugging Face BERT exported to ONNX (the jars' graphs): LayerNorms,
+    biases and embeddings keep their module names, but the export names each linear's weight
+    ``onnx::MatMul_N``; it is the constant operand of the MatMul whose output the named bias is
+    added to. Matrices come out ``[in, out]`` like every ``LayerWeights``. The weights do not
+    say how many attention heads split the hidden size (the graph's reshapes do, as computed
+    shapes): ``heads`` comes from the model's config."""
+    init = {t.name: numpy_helper.to_array(t).astype(np.float32) for t in model.graph.initializer}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    named = dict(init)
+    for node in model.graph.node:
+        if node.op_type != "MatMul" or node.input[1] not in init:
+            continue
+        biases = [i for c in consumers.get(node.output[0], []) if c.op_type == "Add" for i in c.input
+                  if i in init and i.endswith(".bias")]
+        if len(biases) != 1:
+            raise ValueError(f"MatMul {node.name or node.output[0]}: no single named bias is added to it")
+        named[biases[0][: -len(".bias")] + ".weight"] = init[node.input[1]]
+    n_layers = 0
+    while f"encoder.layer.{n_layers}.output.LayerNorm.weight" in named:
+        n_layers += 1
+    if not n_layers:
+        raise ValueError("not a BERT export: no encoder.layer.0")
+    layers = []
+    for i in range(n_layers):
+        p = f"encoder.layer.{i}."
+        parts: dict[str, npt.NDArray[np.float32]] = {}
+        for short, module in _LINEARS.items():
+            parts[f"{short}_w"] = named[p + module + ".weight"]
+            parts[f"{short}_b"] = named[p + module + ".bias"]
+        for short, module in (("aln", "attention.output.LayerNorm"), ("oln", "output.LayerNorm")):
+            parts[f"{short}_w"] = named[p + module + ".weight"]
+            parts[f"{short}_b"] = named[p + module + ".bias"]
+        layers.append(LayerWeights(**parts))
+    word, position, token_type = (named[f"embeddings.{n}_embeddings.weight"] for n in ("word", "position", "token_type"))
+    hidden = word.shape[1]
+    if hidden % heads:
+        raise ValueError(f"{heads} heads do not divide the hidden size {hidden}")
+    config = BertConfig(hidden, n_layers, heads, layers[0].fi_w.shape[1], word.shape[0], position.shape[0],
+                        token_type.shape[0], 1e-12)
+    return config, BertWeights(word, position, token_type, named["embeddings.LayerNorm.weight"],
+                               named["embeddings.LayerNorm.bias"], layers)
+
+
+@dataclass(frozen=True)
+class BertSource:
+    """What split training needs of a backbone other than e5: weights, special ids, its tokenizer
+    and query prefix, and how its embedding pools (bge: the first token)."""
+
+    name: str
+    config: BertConfig
+    weights: BertWeights
+    bos: int
+    eos: int
+    pad: int
+    tokenizer_json: str
+    query_prefix: str
+    pool: str
+
+
+def bge_source(lang: str = "en", log: Log = _stderr) -> BertSource:
+    """bge-small v1.5 from its fp32 jar (fetched with mvn when missing), for split training."""
+    variant = VARIANTS[f"bge-small-{lang}-v1.5-fp32"]
+    heads = {"en": 12, "zh": 8}[lang]  # the models' config.json (384 = 12 x 32, 512 = 8 x 64)
+    with zipfile.ZipFile(fetch_jar(variant.artifact, log)) as z:
+        model = onnx.load_from_string(z.read(f"{variant.stem}.onnx"))
+        tokenizer = z.read(f"{variant.stem}-tokenizer.json").decode("utf-8")
+    config, weights = bert_weights(model, heads)
+    vocab = json.loads(tokenizer)["model"]["vocab"]
+    return BertSource(f"bge-small-{lang}", config, weights, vocab["[CLS]"], vocab["[SEP]"], vocab["[PAD]"], tokenizer,
+                      variant.query_prefix, "cls")

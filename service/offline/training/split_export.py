@@ -46,6 +46,9 @@ def _log(msg: str) -> None:
 def load_run(weights_dir: Path) -> tuple[dict[str, Any], SplitLayout, int, dict[str, npt.NDArray[np.float32]]]:
     """A trainer run's metadata, layout, upper-layer count and tensors (fp32)."""
     meta = json.loads((weights_dir / WEIGHTS_META).read_text(encoding="utf-8"))
+    if meta.get("source", "e5") != "e5":
+        # The served graph, its stored states and the ingest pass are e5's (split_graph.py).
+        raise SystemExit(f"{weights_dir}: a {meta['source']} run; only runs from e5 export to a served reranker")
     with np.load(weights_dir / WEIGHTS_FILE) as z:
         tensors = {k: z[k].astype(np.float32) for k in z.files}
     return meta, SplitLayout(**meta["layout"]), int(meta["upper"]), tensors

@@ -145,3 +145,37 @@ def test_shipped_build_gives_the_carded_onnx(tmp_path: Path) -> None:
     [model_dir] = build_shipped(tmp_path)
     card = next(c for c in shipped_cards() if c["name"] == model_dir.name)
     assert json.loads((model_dir / "manifest.json").read_text())["onnx_sha256"] == card["onnx_sha256"]
+
+
+def test_bert_weights_are_read_from_an_export_whose_linears_are_unnamed() -> None:
+    # Hugging Face's ONNX export names LayerNorms, biases and embeddings but calls every linear's
+    # weight "onnx::MatMul_N": the reader finds each by the named bias added to its MatMul.
+    from service.offline.builder.bert_graph import GraphOptions, build_bert_graph
+    from service.offline.builder.q4bin import BertConfig, BertWeights, LayerWeights
+
+    rng = np.random.default_rng(0)
+
+    def m(*shape: int) -> np.ndarray:
+        return rng.normal(0.0, 0.2, shape).astype(np.float32)
+
+    config = BertConfig(8, 2, 2, 16, 20, 12, 2, 1e-12)
+    layers = [LayerWeights(m(8, 8), m(8), m(8, 8), m(8), m(8, 8), m(8), m(8, 8), m(8), 1 + m(8), m(8), m(8, 16), m(16),
+                           m(16, 8), m(8), 1 + m(8), m(8)) for _ in range(2)]
+    weights = BertWeights(m(20, 8), m(12, 8), m(2, 8), 1 + m(8), m(8), layers)
+    model = build_bert_graph(config, weights, GraphOptions(head="hidden", token_type_input=True), "hf-like")
+    matmul_weights = {n.input[1] for n in model.graph.node if n.op_type == "MatMul"} & {t.name for t in model.graph.initializer}
+    renames = {name: f"onnx::MatMul_{i}" for i, name in enumerate(sorted(matmul_weights))}
+    assert len(renames) == 12  # six linears a layer
+    for t in model.graph.initializer:
+        t.name = renames.get(t.name, t.name)
+    for node in model.graph.node:
+        for i, name in enumerate(node.input):
+            node.input[i] = renames.get(name, name)
+    read_config, read = bge.bert_weights(model, heads=2)
+    assert read_config == config
+    for got, want in zip(read.layers, layers):
+        for field in LayerWeights.__dataclass_fields__:
+            assert np.array_equal(getattr(got, field), getattr(want, field)), field
+    assert np.array_equal(read.word, weights.word) and np.array_equal(read.token_type, weights.token_type)
+    with pytest.raises(ValueError, match="do not divide"):
+        bge.bert_weights(model, heads=3)

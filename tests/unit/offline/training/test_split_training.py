@@ -473,3 +473,87 @@ def test_bf16_autocast_only_where_the_cpu_has_avx512() -> None:
     assert bf16_native("flags : fpu avx2 avx512f avx512bw avx512_vnni")
     assert bf16_native("flags : fpu avx2 amx_bf16 amx_tile")
     assert not bf16_native("")
+
+
+def _tiny_bert_source(e5_int8_dir: Path) -> object:
+    """A random 2-layer BERT standing in for bge-small-en (which comes from a Maven jar): its
+    own weights and first-token pooling, e5's tokenizer for the mechanics."""
+    from tokenizers import Tokenizer
+
+    from service.offline.builder.bge import BertSource
+    from service.offline.builder.q4bin import BertConfig, BertWeights, LayerWeights
+
+    tokenizer_json = (e5_int8_dir / "tokenizer.json").read_text(encoding="utf-8")
+    vocab = Tokenizer.from_str(tokenizer_json).get_vocab_size()
+    rng = np.random.default_rng(1)
+
+    def m(*shape: int) -> np.ndarray:
+        return rng.normal(0.0, 0.3, shape).astype(np.float32)
+
+    h, ff = 16, 32
+    layers = [LayerWeights(m(h, h), m(h), m(h, h), m(h), m(h, h), m(h), m(h, h), m(h), 1 + m(h), m(h), m(h, ff), m(ff),
+                           m(ff, h), m(h), 1 + m(h), m(h)) for _ in range(2)]
+    weights = BertWeights(m(vocab, h), m(256, h), m(2, h), 1 + m(h), m(h), layers)
+    return BertSource("tiny", BertConfig(h, 2, 2, ff, vocab, 256, 2, 1e-12), weights, 0, 2, 1, tokenizer_json, "query: ",
+                      "cls")
+
+
+def test_a_reranker_from_another_backbone_pools_as_it_embeds(tmp_path: Path, e5_int8_dir: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # `split cache --source bge-small-en` caches another backbone's lower states (the pack's
+    # texts re-tokenized with its tokenizer), the run records the source and its first-token
+    # pooling, and untrained with cross attention shut it scores 20 x the cosine of the full
+    # backbone's first-token states, as the bge embedder ranks. The second-reranker tool
+    # scores served heads with it; a served reranker exports only from e5.
+    pytest.importorskip("torch", reason=TORCH_REASON)
+    from service.eval.head_order_fit import Head
+    from service.offline.training import split
+    from service.offline.training.second_reranker import head_logits, sequences
+    from service.offline.training.split_export import load_run
+
+    tiny = _tiny_bert_source(e5_int8_dir)
+    real = split.load_source
+    monkeypatch.setattr(split, "load_source", lambda name: tiny if name == "bge-small-en" else real(name))
+    pack_dir = _pack(tmp_path, e5_int8_dir, monkeypatch)
+    cache = tmp_path / "cache-bge"
+    split.main(["cache", "--pack", str(pack_dir), "--cache", str(cache), "--lower", "1", "--source", "bge-small-en",
+                "--lower-precision", "fp32"])
+    cache_meta = json.loads((cache / "cache.json").read_text())
+    assert (cache_meta["source"], cache_meta["pool"]) == ("bge-small-en", "cls")
+    assert np.load(cache / "user_docs.npy").shape[1] == 16
+    def train(out: Path, *extra: str) -> None:
+        split.main(["train", "--pack", str(pack_dir), "--cache", str(cache), "--out", str(out), "--group", "3",
+                    "--batch-groups", "2", "--final-eval-questions", "2", "--eval-depth", "8", "--fp32", "--threads", "1",
+                    "--epochs", "1", "--lower", "1", "--upper", "1", *extra])
+
+    train(tmp_path / "run", "--lr", "0", "--cross-bias-init", "-10000")
+    meta = json.loads((tmp_path / "run" / split.WEIGHTS_META).read_text())
+    assert (meta["source"], meta["pool"]) == ("bge-small-en", "cls")
+    with pytest.raises(SystemExit, match="only runs from e5"):
+        load_run(tmp_path / "run")
+    with pytest.raises(SystemExit, match="are e5's"):
+        train(tmp_path / "maxsim", "--maxsim")
+    from service.offline.builder.reranker import save_delta
+
+    save_delta({k: np.asarray(v) for k, v in np.load(tmp_path / "run" / split.WEIGHTS_FILE).items()}, tmp_path / "d.npz")
+    with pytest.raises(SystemExit, match="--init-from"):  # an e5 delta would load into it silently
+        train(tmp_path / "continued", "--init-from", str(tmp_path / "d.npz"))
+
+    corpus = {f"d{i}": f"{t.capitalize()} pays out when the insured event happens." for i, t in enumerate(TOPICS[:4])}
+    head = Head(list(corpus), {}, {"d1"}, "how are car insurance premiums set?")
+    [logits] = head_logits([head], corpus, tmp_path / "run", threads=1, int8=False, bf16=False)
+    full = split.lower_session(tiny, 2, 1, int8=False)
+
+    def pooled(texts: list[str], query: bool, first: bool = True) -> np.ndarray:
+        cap = 64 if query else 192
+        states = [full.run(None, {"input_ids": s[None], "attention_mask": np.ones_like(s)[None]})[0][0]
+                  for s in sequences("bge-small-en", tiny, texts, query, cap)]
+        vecs = [h[0] if first else h.mean(0) for h in states]
+        return np.array([v / np.linalg.norm(v) for v in vecs])
+
+    passages = list(corpus.values())
+    expected = 20.0 * pooled(passages, False) @ pooled([head.query], True)[0]
+    assert np.allclose(logits, expected, atol=1e-3), (logits, expected)
+    assert np.ptp(expected) > 0.05  # 50x the tolerance: the passages are told apart
+    mean_pooled = 20.0 * pooled(passages, False, first=False) @ pooled([head.query], True, first=False)[0]
+    assert not np.allclose(logits, mean_pooled, atol=1e-2)  # the pooling is what the check tells apart
