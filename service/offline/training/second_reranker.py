@@ -20,41 +20,17 @@ import json
 import statistics
 import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from service.eval.head_order_fit import Head, load_heads, paired_ci
 from service.eval.metrics import ndcg_at_k
 from service.offline.training.data import Ragged
-from service.pipeline.head_order import HeadOrder, normalised
+from service.pipeline.head_order import SCRIPTS, HeadOrder, normalised
 
 
 def _log(msg: str) -> None:
     print(f"[second-reranker] {msg}", file=sys.stderr, flush=True)
-
-
-def sequences(source: str, src: Any, texts: list[str], query: bool, max_tokens: int) -> list[npt.NDArray[np.int64]]:
-    """Lower-graph inputs for ``texts`` as ``split cache`` builds them for ``source``."""
-    from tokenizers import Tokenizer
-
-    from service.offline.training.pack import default_model_dir
-    from service.offline.training.split import QUERY_PREFIX, PASSAGE_PREFIX, assemble
-
-    if source == "e5":
-        tok = Tokenizer.from_file(str(default_model_dir() / "tokenizer.json"))
-        prefix_text = QUERY_PREFIX if query else PASSAGE_PREFIX
-        bos, eos = src.vocab.bos_id, src.vocab.eos_id
-    else:
-        tok = Tokenizer.from_str(src.tokenizer_json)
-        prefix_text = src.query_prefix.strip() if query else ""
-        bos, eos = src.bos, src.eos
-    tok.no_padding()
-    tok.no_truncation()
-    prefix = tok.encode(prefix_text, add_special_tokens=False).ids if prefix_text else []
-    return [assemble(prefix, np.asarray(e.ids, dtype=np.int64), max_tokens, bos, eos)
-            for e in tok.encode_batch(texts, add_special_tokens=False)]
 
 
 def head_logits(heads: list[Head], corpus: dict[str, str], run: Path, threads: int = 2, int8: bool = True,
@@ -75,12 +51,14 @@ def head_logits(heads: list[Head], corpus: dict[str, str], run: Path, threads: i
         lower_session,
         make_upper,
         score_pairs,
+        source_text,
     )
 
     meta = json.loads((run / WEIGHTS_META).read_text(encoding="utf-8"))
     source, pool = meta.get("source", "e5"), meta.get("pool", "mean")
     layout = SplitLayout(**meta["layout"])
     src = load_source(source)
+    text = source_text(source, src)
     session = lower_session(src, layout.lower, threads, int8=int8)
     queries = sorted({h.query for h in heads})
     passages = sorted({d for h in heads for d in h.ids})
@@ -90,9 +68,9 @@ def head_logits(heads: list[Head], corpus: dict[str, str], run: Path, threads: i
     q_index = {q: i for i, q in enumerate(queries)}
     p_index = {d: i for i, d in enumerate(passages)}
     _log(f"{source} lower states: {len(queries)} questions, {len(passages)} passages")
-    q_rag = Ragged(*encode_states(session, sequences(source, src, queries, True, layout.query_max_tokens), src_pad(src)))
-    p_rag = Ragged(*encode_states(session, sequences(source, src, [corpus[d] for d in passages], False,
-                                                     layout.passage_max_tokens), src_pad(src)))
+    q_rag = Ragged(*encode_states(session, text.sequences(queries, True, layout.query_max_tokens), text.pad))
+    p_rag = Ragged(*encode_states(session, text.sequences([corpus[d] for d in passages], False, layout.passage_max_tokens),
+                                  text.pad))
     model = make_upper(src, layout, int(meta["upper"]), 0.0, -6.0, 20.0, bool(meta.get("maxsim")), 0.0, pool)
     with np.load(run / WEIGHTS_FILE) as z:
         model.load_state_dict({k: torch.from_numpy(z[k].astype(np.float32)) for k in z.files})
@@ -103,10 +81,6 @@ def head_logits(heads: list[Head], corpus: dict[str, str], run: Path, threads: i
         out.append([float(v) for v in flat[k : k + len(h.ids)]])
         k += len(h.ids)
     return out
-
-
-def src_pad(src: Any) -> int:
-    return int(src.vocab.pad_id) if hasattr(src, "vocab") else int(src.pad)
 
 
 def per_question(heads: list[Head], order: HeadOrder, cjk: bool, extra: list[list[float]], weight: float) -> list[float]:
@@ -145,9 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     cjk = a.lang == "zh"
     base = per_question(heads, order, cjk, extra, 0.0)
     print(f"{len(heads)} heads; served order {statistics.fmean(base):.4f}")
-    alone = [ndcg_at_k([h.ids[i] for i in sorted(range(len(x)), key=lambda i: -x[i])], h.relevant, 10)
-             for h, x in zip(heads, extra)]
-    print(f"second reranker alone {statistics.fmean(alone):.4f}")
+    nothing = HeadOrder({script: {} for script in SCRIPTS})  # every key 0: the second logit alone orders
+    print(f"second reranker alone {statistics.fmean(per_question(heads, nothing, cjk, extra, 1.0)):.4f}")
     for w in (float(x) for x in a.weights.split(",")):
         v = per_question(heads, order, cjk, extra, w)
         mean, lo, hi = paired_ci(v, base)

@@ -112,6 +112,47 @@ def _prefix_ids(tokenizer_path: Path) -> tuple[list[int], list[int]]:
     return (tok.encode(QUERY_PREFIX, add_special_tokens=False).ids, tok.encode(PASSAGE_PREFIX, add_special_tokens=False).ids)
 
 
+@dataclass(frozen=True)
+class SourceText:
+    """How text becomes a source's lower-graph input: its tokenizer (no padding or truncation:
+    ``assemble`` caps), prefix ids and special ids."""
+
+    tokenizer: Any
+    query_prefix: list[int]
+    passage_prefix: list[int]
+    bos: int
+    eos: int
+    pad: int
+
+    def token_ids(self, texts: list[str]) -> list[npt.NDArray[np.int64]]:
+        return [np.asarray(e.ids, dtype=np.int64) for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+    def sequences(self, texts: list[str], query: bool, max_tokens: int) -> list[npt.NDArray[np.int64]]:
+        prefix = self.query_prefix if query else self.passage_prefix
+        return [assemble(prefix, ids, max_tokens, self.bos, self.eos) for ids in self.token_ids(texts)]
+
+
+def source_text(source: str, src: Any) -> SourceText:
+    """e5: the served embedder's tokenizer with ``query:`` / ``passage:``; another source: its
+    own tokenizer, its query instruction and no passage prefix (as it embeds)."""
+    from tokenizers import Tokenizer
+
+    from service.offline.training.pack import default_model_dir
+
+    if source == "e5":
+        path = default_model_dir() / "tokenizer.json"
+        tok = Tokenizer.from_file(str(path))
+        q_prefix, p_prefix = _prefix_ids(path)
+        bos, eos, pad = src.vocab.bos_id, src.vocab.eos_id, src.vocab.pad_id
+    else:
+        tok = Tokenizer.from_str(src.tokenizer_json)
+        q_prefix, p_prefix = tok.encode(src.query_prefix.strip(), add_special_tokens=False).ids, []
+        bos, eos, pad = src.bos, src.eos, src.pad
+    tok.no_padding()
+    tok.no_truncation()
+    return SourceText(tok, q_prefix, p_prefix, bos, eos, pad)
+
+
 def lower_session(src: Any, n_lower: int, threads: int, int8: bool = False) -> Any:
     """onnxruntime session of the embedding + first ``n_lower`` layers (head: hidden states);
     ``int8``: quantised per channel like the shipped int8 graph (the states serving computes,
@@ -179,43 +220,32 @@ def build_cache(pack: Pack, cache: Path, layout: SplitLayout, threads: int = 2, 
     from service.offline.training.pack import default_model_dir
 
     cache.mkdir(parents=True, exist_ok=True)
-    tokenizer_path = default_model_dir() / "tokenizer.json"
-    q_prefix, p_prefix = _prefix_ids(tokenizer_path)
     src = load_source(source)
+    text = source_text(source, src)
     session = lower_session(src, layout.lower, threads, int8=int8)
     keep = pack.vocab_keep.astype(np.int64)  # pack ids are pruned; the lower graph has the full table
-    if source == "e5":
-        bos, eos, pad_id = src.vocab.bos_id, src.vocab.eos_id, src.vocab.pad_id
-        pool = "mean"
+    pool = "mean" if source == "e5" else src.pool
+    # The pack holds e5 token ids: another source reads its texts decoded with e5's tokenizer
+    # (SentencePiece decodes what it encoded, up to normalisation) and encoded with its own.
+    e5_tok = None if source == "e5" else Tokenizer.from_file(str(default_model_dir() / "tokenizer.json"))
 
-        def token_ids(rag: Ragged) -> list[npt.NDArray[Any]]:
-            return [keep[rag[i]] for i in range(len(rag))]
-    else:
-        # The pack holds e5 token ids: its texts are decoded with e5's tokenizer (SentencePiece
-        # decodes what it encoded, up to normalisation) and encoded again with the source's.
-        bos, eos, pad_id, pool = src.bos, src.eos, src.pad, src.pool
-        e5_tok = Tokenizer.from_file(str(tokenizer_path))
-        tok = Tokenizer.from_str(src.tokenizer_json)
-        tok.no_padding()
-        tok.no_truncation()
-        q_prefix, p_prefix = tok.encode(src.query_prefix.strip(), add_special_tokens=False).ids, []
+    def token_ids(rag: Ragged) -> list[npt.NDArray[Any]]:
+        ids = [keep[rag[i]] for i in range(len(rag))]
+        return ids if e5_tok is None else text.token_ids(e5_tok.decode_batch([a.tolist() for a in ids]))
 
-        def token_ids(rag: Ragged) -> list[npt.NDArray[Any]]:
-            texts = e5_tok.decode_batch([keep[rag[i]].tolist() for i in range(len(rag))])
-            return [np.asarray(e.ids, dtype=np.int64) for e in tok.encode_batch(texts, add_special_tokens=False)]
     for lang, d in pack.langs.items():
-        parts = [("docs", d.docs, p_prefix, layout.passage_max_tokens),
-                 ("train_q", d.train_q, q_prefix, layout.query_max_tokens),
-                 ("valid_q", d.valid_q, q_prefix, layout.query_max_tokens)]
+        parts = [("docs", d.docs, text.passage_prefix, layout.passage_max_tokens),
+                 ("train_q", d.train_q, text.query_prefix, layout.query_max_tokens),
+                 ("valid_q", d.valid_q, text.query_prefix, layout.query_max_tokens)]
         if d.null_q is not None:
-            parts.append(("null_q", d.null_q, q_prefix, layout.query_max_tokens))
+            parts.append(("null_q", d.null_q, text.query_prefix, layout.query_max_tokens))
         for name, rag, prefix, cap in parts:
             target = cache / f"{lang}_{name}.npy"
             if target.exists():
                 _log(f"{target.name}: cached")
                 continue
-            seqs = [assemble(prefix, ids, cap, bos, eos) for ids in token_ids(rag)]
-            flat, off = encode_states(session, seqs, pad_id, label=f"{lang}/{name}")
+            seqs = [assemble(prefix, ids, cap, text.bos, text.eos) for ids in token_ids(rag)]
+            flat, off = encode_states(session, seqs, text.pad, label=f"{lang}/{name}")
             np.save(cache / f"{lang}_{name}_off.npy", off)
             np.save(target, flat)
     (cache / "cache.json").write_text(json.dumps({"version": CACHE_VERSION, "layout": layout.__dict__,

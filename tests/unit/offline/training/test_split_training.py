@@ -51,14 +51,20 @@ def _pack_and_cache(tmp_path: Path, e5_int8_dir: Path, monkeypatch: pytest.Monke
     return pack_dir, cache
 
 
-def _train_tiny(pack_dir: Path, cache: Path, out: Path, *extra: str) -> tuple[dict[str, object], dict[str, np.ndarray]]:
-    """One fp32 epoch on the tiny pack (groups of 3, 2 a step): the run's metadata and tensors."""
+def _run_tiny(pack_dir: Path, cache: Path, out: Path, *extra: str) -> None:
+    """One fp32 epoch on the tiny pack (groups of 3, 2 a step)."""
     from service.offline.training.split import main as split_main
-    from service.offline.training.split_export import load_run
 
     split_main(["train", "--pack", str(pack_dir), "--cache", str(cache), "--out", str(out), "--group", "3",
                 "--batch-groups", "2", "--final-eval-questions", "2", "--eval-depth", "8", "--fp32",
                 "--threads", "1", "--epochs", "1", *extra])
+
+
+def _train_tiny(pack_dir: Path, cache: Path, out: Path, *extra: str) -> tuple[dict[str, object], dict[str, np.ndarray]]:
+    """``_run_tiny``, then the run's metadata and tensors as export reads them."""
+    from service.offline.training.split_export import load_run
+
+    _run_tiny(pack_dir, cache, out, *extra)
     meta, _, _, tensors = load_run(out)
     return meta, tensors
 
@@ -508,7 +514,7 @@ def test_a_reranker_from_another_backbone_pools_as_it_embeds(tmp_path: Path, e5_
     pytest.importorskip("torch", reason=TORCH_REASON)
     from service.eval.head_order_fit import Head
     from service.offline.training import split
-    from service.offline.training.second_reranker import head_logits, sequences
+    from service.offline.training.second_reranker import head_logits
     from service.offline.training.split_export import load_run
 
     tiny = _tiny_bert_source(e5_int8_dir)
@@ -522,9 +528,7 @@ def test_a_reranker_from_another_backbone_pools_as_it_embeds(tmp_path: Path, e5_
     assert (cache_meta["source"], cache_meta["pool"]) == ("bge-small-en", "cls")
     assert np.load(cache / "user_docs.npy").shape[1] == 16
     def train(out: Path, *extra: str) -> None:
-        split.main(["train", "--pack", str(pack_dir), "--cache", str(cache), "--out", str(out), "--group", "3",
-                    "--batch-groups", "2", "--final-eval-questions", "2", "--eval-depth", "8", "--fp32", "--threads", "1",
-                    "--epochs", "1", "--lower", "1", "--upper", "1", *extra])
+        _run_tiny(pack_dir, cache, out, "--lower", "1", "--upper", "1", *extra)
 
     train(tmp_path / "run", "--lr", "0", "--cross-bias-init", "-10000")
     meta = json.loads((tmp_path / "run" / split.WEIGHTS_META).read_text())
@@ -547,7 +551,7 @@ def test_a_reranker_from_another_backbone_pools_as_it_embeds(tmp_path: Path, e5_
     def pooled(texts: list[str], query: bool, first: bool = True) -> np.ndarray:
         cap = 64 if query else 192
         states = [full.run(None, {"input_ids": s[None], "attention_mask": np.ones_like(s)[None]})[0][0]
-                  for s in sequences("bge-small-en", tiny, texts, query, cap)]
+                  for s in split.source_text("bge-small-en", tiny).sequences(texts, query, cap)]
         vecs = [h[0] if first else h.mean(0) for h in states]
         return np.array([v / np.linalg.norm(v) for v in vecs])
 
