@@ -108,7 +108,11 @@ def load_source(name: str) -> Any:
 def _prefix_ids(tokenizer_path: Path) -> tuple[list[int], list[int]]:
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(str(tokenizer_path))
+    return _e5_prefix_ids(Tokenizer.from_file(str(tokenizer_path)))
+
+
+def _e5_prefix_ids(tok: Any) -> tuple[list[int], list[int]]:
+    """e5's ``query:`` / ``passage:`` prefixes as ids of an already loaded tokenizer."""
     return (tok.encode(QUERY_PREFIX, add_special_tokens=False).ids, tok.encode(PASSAGE_PREFIX, add_special_tokens=False).ids)
 
 
@@ -140,9 +144,8 @@ def source_text(source: str, src: Any) -> SourceText:
     from service.offline.training.pack import default_model_dir
 
     if source == "e5":
-        path = default_model_dir() / "tokenizer.json"
-        tok = Tokenizer.from_file(str(path))
-        q_prefix, p_prefix = _prefix_ids(path)
+        tok = Tokenizer.from_file(str(default_model_dir() / "tokenizer.json"))
+        q_prefix, p_prefix = _e5_prefix_ids(tok)
         bos, eos, pad = src.vocab.bos_id, src.vocab.eos_id, src.vocab.pad_id
     else:
         tok = Tokenizer.from_str(src.tokenizer_json)
