@@ -52,8 +52,12 @@ GATE_MIN_QUERIES = 500
 
 
 def _model_dir(cfg: Config, name: str) -> Path:
+    """A bare name is a model dir under ``models_dir``; anything with a path separator (or
+    ``~``) is a path, relative ones against the working directory, as a shell reads them."""
     path = Path(name).expanduser()
-    return path if path.is_absolute() else cfg.models_dir / name
+    if path.is_absolute() or len(path.parts) > 1 or name.startswith(("~", ".")):
+        return path.absolute()
+    return cfg.models_dir / name
 
 
 def load_embedding_backend(cfg: Config) -> EmbeddingBackend:

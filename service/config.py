@@ -29,6 +29,8 @@ class Config:
     opensearch_shards: int = 1
     opensearch_replicas: int = 0
     # Models. embedding_model: a directory name under models_dir, or "dummy-hash" (tests).
+    # Every model setting takes a bare name (a directory under models_dir) or a path (with a
+    # separator or a leading "~" or "."; relative paths resolve against the working directory).
     models_dir: Path = field(default_factory=default_models_dir)
     embedding_model: str = "multilingual-e5-small-int8"
     # A second dense leg for text without Han characters (README "The Latin-script dense

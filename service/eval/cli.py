@@ -41,7 +41,7 @@ def add_eval_parser(sub: Any) -> None:
     e.add_argument("--modes", type=_csv, default=("bm25", "knn", "hybrid", "hybrid+rerank"))
     e.add_argument("--models", type=_csv, default=("int8",),
                    help="int8, fp32, a model dir name, or dummy-hash (no model: for BM25-only studies)")
-    e.add_argument("--reranker", default="", help="cross-encoder model dir (enables hybrid+rerank)")
+    e.add_argument("--reranker", default="", help="cross-encoder model: a name under the models dir or a path (enables hybrid+rerank)")
     e.add_argument("--rrf-k", type=int, default=None)
     e.add_argument("--bm25-weight", type=float, default=None)
     e.add_argument("--knn-weight", type=float, default=None)

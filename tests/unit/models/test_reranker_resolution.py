@@ -48,6 +48,19 @@ def test_off_and_missing(models: Path) -> None:
         resolve_reranker(_cfg(models, "some-model-that-is-not-there"))
 
 
+def test_a_name_is_under_models_dir_and_a_relative_path_under_the_working_dir(
+        models: Path, e5_fp32_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    built = _build(tmp_path / "work" / "scratch", e5_fp32_dir)
+    monkeypatch.chdir(tmp_path / "work")
+    for rel in (f"scratch/{built.name}", f"./scratch/{built.name}"):
+        assert resolve_reranker(_cfg(models, rel)).backend is not None
+    # The bare name is looked up under models_dir, where it is not built; the error says where.
+    with pytest.raises(FileNotFoundError, match=str(models / built.name)):
+        resolve_reranker(_cfg(models, built.name))
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "work" / "elsewhere")):
+        resolve_reranker(_cfg(models, "elsewhere/model"))
+
+
 def test_auto_needs_a_passing_gate(models: Path, e5_fp32_dir: Path) -> None:
     d = _build(models, e5_fp32_dir)
     assert "no valid_gate.json" in resolve_reranker(_cfg(models)).reason
