@@ -35,7 +35,11 @@ from service.offline.training.pack import BACKBONE_FILE
 
 TOKENS_PER_BATCH_CUDA = 131072
 TOKENS_PER_BATCH_CPU = 4096
-QUESTION_BLOCK = 256  # questions scored together; a deadline cuts between blocks
+# Questions scored together (their pairs length-sorted into batches); a deadline cuts between
+# blocks, so on CPU, where a 256-question block of a 12-layer model takes many minutes, blocks
+# are small enough to keep a `--minutes` dry run within seconds of its budget.
+QUESTION_BLOCK_CUDA = 256
+QUESTION_BLOCK_CPU = 8
 
 
 def _log(msg: str) -> None:
@@ -61,14 +65,16 @@ def score(model: Any, pack: Pack, lang: str, off: npt.NDArray[np.int64], doc: np
 
     d = pack.langs[lang]
     out = np.zeros(len(doc), dtype=np.float16)
-    per_batch = TOKENS_PER_BATCH_CUDA if device.type == "cuda" else TOKENS_PER_BATCH_CPU
+    cuda = device.type == "cuda"
+    per_batch = TOKENS_PER_BATCH_CUDA if cuda else TOKENS_PER_BATCH_CPU
+    block = QUESTION_BLOCK_CUDA if cuda else QUESTION_BLOCK_CPU
     nq = len(off) - 1
     done = 0
     with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-        for start in range(0, nq, QUESTION_BLOCK):
+        for start in range(0, nq, block):
             if deadline is not None and time.monotonic() > deadline:
                 break
-            stop = min(nq, start + QUESTION_BLOCK)
+            stop = min(nq, start + block)
             seqs = []
             for qi in range(start, stop):
                 q = d.train_q[qi]

@@ -134,6 +134,24 @@ def test_tiny_pack_train_resume_export(tmp_path: Path, e5_int8_dir: Path, monkey
             want = float(model(ids, torch.ones_like(ids))[0])
         assert abs(table[lang][(q, x)] - want) < 2e-2 * max(1.0, abs(want))  # stored as fp16
 
+    # A deadline stops between question blocks, and CPU blocks are small: a clock that runs
+    # out after the first check scores one CPU block, not the whole (tiny) split.
+    import service.offline.training.teacher as teacher_mod
+
+    checks: list[int] = []
+
+    def clock() -> float:
+        checks.append(1)
+        return 0.0 if len(checks) == 1 else 1e9
+
+    off, docs = question_pairs(pack, "en")
+    with monkeypatch.context() as mp:
+        mp.setattr(teacher_mod.time, "monotonic", clock)
+        part, done = teacher_mod.score(model, pack, "en", off, docs, 64, torch.device("cpu"), False, deadline=1.0)
+    assert done == teacher_mod.QUESTION_BLOCK_CPU < 10
+    assert np.array_equal(part[: off[done]], np.asarray([table["en"][(q, int(x))] for q in range(done)
+                                                         for x in docs[off[q]:off[q + 1]]], dtype=np.float16))
+
     # Training lays pairs out exactly like the serving runner (template and truncation).
     runner = load_cross_encoder(tmp_path / "models" / "tiny-reranker-fp32")
     tok = runner._tokenizer
