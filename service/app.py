@@ -52,8 +52,8 @@ GATE_MIN_QUERIES = 500
 
 
 def _model_dir(cfg: Config, name: str) -> Path:
-    """A bare name is a model dir under ``models_dir``; anything with a path separator (or
-    ``~``) is a path, relative ones against the working directory, as a shell reads them."""
+    """A bare name is a model dir under ``models_dir``; anything with a path separator or a
+    leading ``~`` or ``.`` is a path, relative ones against the working directory."""
     path = Path(name).expanduser()
     if path.is_absolute() or len(path.parts) > 1 or name.startswith(("~", ".")):
         return path.absolute()

@@ -149,8 +149,8 @@ def test_tiny_pack_train_resume_export(tmp_path: Path, e5_int8_dir: Path, monkey
         mp.setattr(teacher_mod.time, "monotonic", clock)
         part, done = teacher_mod.score(model, pack, "en", off, docs, 64, torch.device("cpu"), False, deadline=1.0)
     assert done == teacher_mod.QUESTION_BLOCK_CPU < 10
-    assert np.array_equal(part[: off[done]], np.asarray([table["en"][(q, int(x))] for q in range(done)
-                                                         for x in docs[off[q]:off[q + 1]]], dtype=np.float16))
+    whole = np.asarray([table["en"][(q, int(x))] for q in range(done) for x in docs[off[q]:off[q + 1]]])
+    np.testing.assert_allclose(part[: off[done]].astype(np.float32), whole, rtol=2e-2, atol=2e-2)  # other batches
 
     # Training lays pairs out exactly like the serving runner (template and truncation).
     runner = load_cross_encoder(tmp_path / "models" / "tiny-reranker-fp32")
