@@ -53,9 +53,10 @@ GATE_MIN_QUERIES = 500
 
 def _model_dir(cfg: Config, name: str) -> Path:
     """A bare name is a model dir under ``models_dir``; anything with a path separator or a
-    leading ``~`` or ``.`` is a path, relative ones against the working directory."""
+    leading ``~`` (expanded, so absolute) or ``.`` is a path, relative ones against the working
+    directory."""
     path = Path(name).expanduser()
-    if path.is_absolute() or len(path.parts) > 1 or name.startswith(("~", ".")):
+    if path.is_absolute() or len(path.parts) > 1 or name.startswith("."):
         return path.absolute()
     return cfg.models_dir / name
 
