@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 import onnx
 import onnxruntime as ort
-from onnx import helper
+from onnx import helper, numpy_helper
 from tokenizers import Encoding, Tokenizer
 
 IntArray = npt.NDArray[np.int64]
@@ -66,14 +66,15 @@ def u8s8_saturates() -> bool:
 
 def make_session(model: Path | bytes, threads: int) -> Any:
     """Serving's session: ``session_options``, plus exact int8 kernels where the fast ones
-    saturate, from a model file or a serialised model (one rewritten in memory, e.g.
+    saturate and the graph's weights could make them (``needs_exact_kernels``), from a model
+    file or a serialised model (one rewritten in memory, e.g.
     ``OnnxEmbedder.tap_hidden_states``). ``InferenceSession.run`` is thread-safe, so one
     session serves every pool thread."""
     # Exact kernels only where needed: onnxruntime applies their entry on every x86 CPU with
     # AVX2, VNNI or not (it rewrites the int8 weights to uint8 for its u8u8 kernels), and on
     # a VNNI Xeon that made every int8 model ~1.9x slower for bit-identical outputs
     # (tests/bench/bench_int8_kernels.py).
-    opts = session_options(threads, exact_int8=u8s8_saturates())
+    opts = session_options(threads, exact_int8=needs_exact_kernels(model))
     # The first try keeps onnxruntime's own log quiet: a refusal below is expected on such
     # CPUs and handled; the retry logs at the normal level, so a real fault still speaks.
     severity = opts.log_severity_level
@@ -90,6 +91,36 @@ def make_session(model: Path | bytes, threads: int) -> Any:
         log.info("%s: %s; loading with unshared int8 weights", name, str(exc).splitlines()[0][:160])
         return ort.InferenceSession(_unshared_int8_weights(model), sess_options=opts,
                                     providers=["CPUExecutionProvider"])
+
+
+# Where the fast kernels add pairs of uint8 x int8 products in int16, weights within
+# [-64, 64] keep every pair sum within it: 255 x 64 x 2 = 32,640 <= 32,767.
+SAFE_INT8_WEIGHT = 64
+
+
+def needs_exact_kernels(model: Path | bytes) -> bool:
+    """Serving's choice for one graph: the exact kernels where the fast ones saturate here,
+    unless the graph's weights cannot make them."""
+    return u8s8_saturates() and not int8_weights_cannot_saturate(model)
+
+
+def int8_weights_cannot_saturate(source: Path | bytes) -> bool:
+    """Whether every int8 matmul weight in the graph lies within +-``SAFE_INT8_WEIGHT``
+    (quantised to 7 bits, ``quantize_dynamic(reduce_range=True)``): then onnxruntime's fast
+    kernels are exact even where they saturate on full-range weights, and the graph needs no
+    exact kernels. Asked only where the probe found saturation. False for a graph without
+    int8 matmul weights (nothing to gain)."""
+    model = onnx.load_from_string(source) if isinstance(source, bytes) else onnx.load(str(source))
+    graph = model.graph
+    weights = {name for node in graph.node if node.op_type == "MatMulInteger" for name in node.input[1:2]}
+    found = False
+    for tensor in graph.initializer:
+        if tensor.name in weights and tensor.data_type == onnx.TensorProto.INT8:
+            values = numpy_helper.to_array(tensor)
+            if values.size and int(np.abs(values.astype(np.int16)).max()) > SAFE_INT8_WEIGHT:
+                return False
+            found = True
+    return found
 
 
 def _unshared_int8_weights(source: Path | bytes) -> bytes:

@@ -180,10 +180,14 @@ def upper_layers(tensors: dict[str, npt.NDArray[np.float32]], n_upper: int) -> l
 
 
 def write_split_onnx(src: E5Bin, n_lower: int, tensors: dict[str, npt.NDArray[np.float32]], n_upper: int,
-                     precision: str, path: str, name: str, part: GraphPart = "whole") -> None:
+                     precision: str, path: str, name: str, part: GraphPart = "whole", weight_bits: int = 8) -> None:
     """The whole split cross-encoder as ONNX: e5's own embeddings and first ``n_lower``
     layers (from the shipped weights) + the trained upper layers, cross-attention biases
-    and head (``tensors``); int8 = dynamic per-channel quantisation of every MatMul."""
+    and head (``tensors``); int8 = dynamic per-channel quantisation of every MatMul, its
+    weights at ``weight_bits`` (7: within +-64, which onnxruntime's fast int8 kernels
+    multiply exactly on every CPU, ``_ort.int8_weights_cannot_saturate``)."""
+    if weight_bits not in (7, 8):
+        raise ValueError(f"weight_bits must be 7 or 8, not {weight_bits}")
     w = src.weights
     lower = BertWeights(w.word, w.position, w.token_type, w.emb_ln_w, w.emb_ln_b, w.layers[:n_lower])
     head = SplitHead([tensors["cross_bias"][j] for j in range(n_upper)], tensors["head_w"], float(tensors["head_b"]),
@@ -195,4 +199,4 @@ def write_split_onnx(src: E5Bin, n_lower: int, tensors: dict[str, npt.NDArray[np
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     quantize_dynamic(graph, path, op_types_to_quantize=["MatMul"], per_channel=True, weight_type=QuantType.QInt8,
-                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+                     reduce_range=weight_bits == 7, extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})

@@ -3,12 +3,27 @@ exact kernels only where the fast ones saturate (``_ort.u8s8_saturates``)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
+import pytest
+from onnx import helper
 
-from service.models._ort import make_session, session_options, u8s8_saturates
+from service.models._ort import int8_weights_cannot_saturate, make_session, session_options, u8s8_saturates
+from tests.support import avx2_cpu
+
+
+def _joint_feeds() -> dict[str, np.ndarray]:
+    """Large random states for the joint graph: wide int8 activations."""
+    rng = np.random.default_rng(0)
+    return {"query_states": 4 * rng.standard_normal((20, 16, 384)).astype(np.float32),
+            "query_mask": np.ones((20, 16), np.int64),
+            "passage_states": 4 * rng.standard_normal((20, 128, 384)).astype(np.float32),
+            "passage_mask": np.ones((20, 128), np.int64)}
 
 
 def test_the_probe_is_a_cached_answer() -> None:
@@ -24,12 +39,83 @@ def test_serving_sessions_score_as_the_exact_kernels_do(models_dir: Path) -> Non
     serving's session equals one forced onto the exact kernels, bit for bit, whichever way
     the probe went here."""
     path = models_dir / "e5-small-split-reranker-int8" / "joint.onnx"
-    rng = np.random.default_rng(0)
-    feeds = {"query_states": 4 * rng.standard_normal((20, 16, 384)).astype(np.float32),
-             "query_mask": np.ones((20, 16), np.int64),
-             "passage_states": 4 * rng.standard_normal((20, 128, 384)).astype(np.float32),
-             "passage_mask": np.ones((20, 128), np.int64)}
+    feeds = _joint_feeds()
     served = make_session(path, 1).run(None, feeds)[0]
     exact = ort.InferenceSession(str(path), sess_options=session_options(1, exact_int8=True),
                                  providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     np.testing.assert_array_equal(served, exact)
+
+
+def _worst_case_matmul(weight: int) -> bytes:
+    """uint8 activations x an int8 weight matrix of ``weight`` everywhere: with activations
+    255 every pair of products sums to 510 x ``weight``."""
+    k, n = 64, 16
+    w = helper.make_tensor("w", onnx.TensorProto.INT8, [k, n], [weight] * (k * n))
+    graph = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["a", "w"], ["y"])], "worst_case",
+        [helper.make_tensor_value_info("a", onnx.TensorProto.UINT8, [8, k])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.INT32, [8, n])], initializer=[w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
+
+
+def test_seven_bit_weights_cannot_saturate_and_full_range_ones_can(models_dir: Path) -> None:
+    assert int8_weights_cannot_saturate(_worst_case_matmul(64))
+    assert int8_weights_cannot_saturate(_worst_case_matmul(-64))
+    assert not int8_weights_cannot_saturate(_worst_case_matmul(65))
+    assert not int8_weights_cannot_saturate(_worst_case_matmul(-127))
+    assert not int8_weights_cannot_saturate(models_dir / "e5-small-split-reranker-int8" / "joint.onnx")
+    no_matmul = helper.make_model(helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])], "none",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])]))
+    assert not int8_weights_cannot_saturate(no_matmul.SerializeToString())
+
+
+# Run under tests/support/avx2_cpu.py: CPUID says AVX2 without VNNI, so onnxruntime picks the
+# kernels whose pair sums saturate. Prints one line per check for the test to read.
+_AS_AVX2 = """
+import sys
+import numpy as np
+import onnxruntime as ort
+sys.path.insert(0, {root!r})
+from pathlib import Path
+from service.models._ort import make_session, needs_exact_kernels, session_options, u8s8_saturates
+from tests.unit.models.test_int8_kernels import _worst_case_matmul, _joint_feeds
+print("saturates", u8s8_saturates())
+for weight in (127, 64):
+    fast = ort.InferenceSession(_worst_case_matmul(weight), sess_options=session_options(1),
+                                providers=["CPUExecutionProvider"])
+    y = fast.run(None, {{"a": np.full((8, 64), 255, np.uint8)}})[0]
+    print("fast exact at", weight, bool((y == 255 * 64 * weight).all()), "needs exact kernels",
+          needs_exact_kernels(_worst_case_matmul(weight)))
+joint = {joint!r}
+feeds = _joint_feeds()
+served = make_session(Path(joint), 1).run(None, feeds)[0]
+exact = ort.InferenceSession(joint, sess_options=session_options(1, exact_int8=True),
+                             providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+fast = ort.InferenceSession(joint, sess_options=session_options(1),
+                            providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+print("joint served == exact", bool((served == exact).all()), "fast strays", float(np.abs(fast - exact).max()))
+"""
+
+
+def test_as_an_avx2_cpu_serving_runs_exact_kernels_unless_weights_fit_seven_bits(models_dir: Path) -> None:
+    """The probe's other branch, on this machine: under the AVX2 shim the fast kernels
+    saturate on full-range weights (so the probe says so, and the shipped joint graph's fast
+    logits stray), serving's session still gives the exact kernels' logits bit for bit, and
+    a graph with 7-bit weights is exact on the fast kernels, so serving keeps them for it."""
+    reason = avx2_cpu.unavailable()
+    if reason:
+        pytest.skip(f"cannot run as an AVX2 CPU here: {reason}")
+    root = str(Path(__file__).resolve().parents[3])
+    code = _AS_AVX2.format(root=root, joint=str(models_dir / "e5-small-split-reranker-int8" / "joint.onnx"))
+    done = subprocess.run([sys.executable, "-c", code], env=avx2_cpu.environ(), cwd=root, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert "saturates True" in lines
+    assert "fast exact at 127 False needs exact kernels True" in lines
+    assert "fast exact at 64 True needs exact kernels False" in lines
+    joint = next(line for line in lines if line.startswith("joint served == exact"))
+    assert joint.startswith("joint served == exact True")
+    assert float(joint.rsplit(" ", 1)[1]) > 0.01  # the shim took effect on the real graph
