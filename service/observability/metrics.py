@@ -63,7 +63,7 @@ class ServiceMetrics:
         self.int8_exact_kernels = Gauge(
             "retrieval_int8_exact_kernels",
             "1 where the int8 models run onnxruntime's exact (slower) kernels because its fast ones saturate on "
-            "this CPU, 0 where the fast ones are exact", registry=r)
+            "this CPU (graphs with 7-bit weights keep the fast ones), 0 where the fast ones are exact", registry=r)
         self.batch_size = Histogram(
             "retrieval_model_batch_size", "Items per model batch run", ["model"], buckets=BATCH_BUCKETS, registry=r)
         self.queue_wait = Histogram(

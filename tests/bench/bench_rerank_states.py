@@ -19,11 +19,12 @@ bytes per chunk (mean, p95). ``--passage-caps 192`` adds a stored-states server 
 ``--one-pass-only`` adds one storing only what the embedding pass gives
 (``rerank_states_second_pass`` off, write-back on): each query asked twice, the first rerank
 computes the head chunks ingest left without states, the second reads them all.
-``--joint-7bit`` adds the stored-states and write-back rows once more with the joint layers'
-weights quantised to 7 bits (a scratch models dir beside the installed one, the same artifact,
-``write_split_onnx(weight_bits=7)``): serving keeps the fast int8 kernels for such a graph even
-where they saturate on 8-bit weights (``_ort.int8_weights_cannot_saturate``), so on an AVX2 CPU
-(or under ``tests/support/avx2_cpu.py``) that row is what 7-bit joint layers would buy there.
+``--joint-weight-bits 8`` adds the stored-states and write-back rows once more with the joint
+layers' weights at that width (a scratch models dir beside the installed one, the same
+artifact, ``write_split_onnx(weight_bits=N)``; the shipped joint is 7-bit, which serving runs
+on the fast int8 kernels even where they saturate on 8-bit weights,
+``_ort.int8_weights_cannot_saturate``): on an AVX2 CPU (or under
+``tests/support/avx2_cpu.py``) the 8-bit rows take the exact kernels, as served before.
 ``--exact-kernels`` adds the stored-states and write-back rows once more with onnxruntime's
 exact int8 kernels forced (``session.x64quantprecision`` on every session, as serving ran
 before ``_ort.u8s8_saturates`` asked the CPU): on a CPU whose fast kernels are exact (VNNI)
@@ -98,9 +99,9 @@ class Run:
     first_rerank_ms: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # write-back: pass 1
 
 
-def models_with_7bit_joint(out: Path) -> Path:
+def models_with_joint_bits(out: Path, bits: int) -> Path:
     """A models dir like the installed one (links), whose reranker's ``joint.onnx`` is the
-    same artifact's joint layers with 7-bit weights."""
+    same artifact's joint layers with ``bits``-bit weights."""
     from service.offline.builder.e5 import source_bin
     from service.offline.builder.q4bin import read_e5_bin
     from service.offline.builder.reranker import DELTA_FILE, artifact_dir, load_delta, read_card
@@ -115,7 +116,7 @@ def models_with_7bit_joint(out: Path) -> Path:
     card = read_card(artifact_dir())
     write_split_onnx(read_e5_bin(source_bin()), int(card["layout"]["lower"]), load_delta(artifact_dir() / DELTA_FILE),
                      int(card["upper_layers"]), "int8", str(out / RERANKER / "joint.onnx"), f"{RERANKER}-joint",
-                     "joint", weight_bits=7)
+                     "joint", weight_bits=bits)
     return out
 
 
@@ -176,7 +177,7 @@ async def serve(states: bool, data_dir: Path, docs: list[corpus_pb2.Document],
 
 
 async def main(n_docs: int, n_queries: int, caps: list[int], one_pass_only: bool = False,
-               exact_kernels: bool = False, joint_7bit: bool = False) -> None:
+               exact_kernels: bool = False, joint_bits: int = 0) -> None:
     docs: list[corpus_pb2.Document] = []
     queries: dict[str, list[str]] = {}
     for lang in ("en", "zh"):
@@ -191,11 +192,12 @@ async def main(n_docs: int, n_queries: int, caps: list[int], one_pass_only: bool
                 "write-back, 2nd ask": await serve(False, Path(tmp) / "write-back", docs, queries, write_back=True)}
         for cap in caps:
             runs[f"stored, passage cap {cap}"] = await serve(True, Path(tmp) / f"cap{cap}", docs, queries, passage_cap=cap)
-        if joint_7bit:
-            seven = models_with_7bit_joint(Path(tmp) / "models-7bit")
-            runs["7-bit joint: stored, full"] = await serve(True, Path(tmp) / "7bit-full", docs, queries, models_dir=seven)
-            runs["7-bit joint: write-back, 2nd ask"] = await serve(False, Path(tmp) / "7bit-write-back", docs, queries,
-                                                                  write_back=True, models_dir=seven)
+        if joint_bits:
+            other = models_with_joint_bits(Path(tmp) / "models-joint", joint_bits)
+            runs[f"{joint_bits}-bit joint: stored, full"] = await serve(True, Path(tmp) / "joint-full", docs, queries,
+                                                                      models_dir=other)
+            runs[f"{joint_bits}-bit joint: write-back, 2nd ask"] = await serve(
+                False, Path(tmp) / "joint-write-back", docs, queries, write_back=True, models_dir=other)
         if exact_kernels:  # every session these servers build takes the exact kernels
             with mock.patch.object(_ort, "u8s8_saturates", lambda: True):
                 runs["exact kernels: stored, full"] = await serve(True, Path(tmp) / "exact-full", docs, queries)
@@ -243,8 +245,9 @@ if __name__ == "__main__":
                     help="also a server with rerank_states_second_pass off and write-back on (1st and 2nd ask)")
     ap.add_argument("--exact-kernels", action="store_true",
                     help="also the stored-states and write-back rows with the exact int8 kernels forced")
-    ap.add_argument("--joint-7bit", action="store_true",
-                    help="also the stored-states and write-back rows with the joint layers' weights at 7 bits")
+    ap.add_argument("--joint-weight-bits", type=int, default=0, choices=[0, 7, 8],
+                    help="also the stored-states and write-back rows with the joint layers' weights at this width "
+                         "(the shipped joint: 7)")
     a = ap.parse_args()
     asyncio.run(main(a.docs, a.queries, [int(c) for c in a.passage_caps.split(",") if c], a.one_pass_only,
-                     a.exact_kernels, a.joint_7bit))
+                     a.exact_kernels, a.joint_weight_bits))

@@ -43,7 +43,16 @@ CALIBRATION_FILE = "quality_calibration.json"
 ARCHITECTURE = "split"
 # Bump when the assembly changes what it writes: forces a rebuild.
 # 2: also writes the two-graph layout (``lower.onnx`` + ``joint.onnx``) for cached passage states.
-ASSEMBLY_VERSION = 2
+# 3: ``joint.onnx``'s weights at the card's ``builds.<precision>.joint_weight_bits``.
+ASSEMBLY_VERSION = 3
+# What a new ship records (``split_export --ship``) as ``joint_weight_bits``; a card without
+# the key was measured on 8-bit joint weights and keeps them. At 7 bits (within +-64)
+# onnxruntime's fast int8 kernels multiply the joint layers exactly on every CPU, so CPUs
+# whose fast kernels saturate on 8-bit weights (AVX2 without VNNI) need no exact kernels for
+# them (0.69-0.86x the rerank stage there) and every CPU gives the same logits; valid quality
+# is the 8-bit joint's (README, Models, "7-bit joint layers"). ``model.onnx`` and
+# ``lower.onnx`` stay 8-bit: the lower layers must equal the embedder's.
+JOINT_WEIGHT_BITS = 7
 # The split reranker cut at its split point (README "Cached passage states"): ids -> states
 # at layer ``lower`` (queries and passages alike), and states of both sides -> the logit.
 LOWER_FILE = "lower.onnx"
@@ -151,9 +160,10 @@ def assemble(src_dir: Path, out_dir: Path, precision: str = "int8", *, force: bo
     try:
         write_split_onnx(src, int(layout["lower"]), tensors, int(card["upper_layers"]), precision,
                          str(work / MODEL_FILE), name)
-        for part, file in (("lower", LOWER_FILE), ("joint", JOINT_FILE)):
+        joint_bits = int(card.get("builds", {}).get(precision, {}).get("joint_weight_bits", 8))
+        for part, file, bits in (("lower", LOWER_FILE, 8), ("joint", JOINT_FILE, joint_bits)):
             write_split_onnx(src, int(layout["lower"]), tensors, int(card["upper_layers"]), precision,
-                             str(work / file), f"{name}-{part}", part)  # type: ignore[arg-type]
+                             str(work / file), f"{name}-{part}", part, weight_bits=bits)  # type: ignore[arg-type]
         (work / TOKENIZER_FILE).write_text(build_tokenizer(src.vocab, MAX_LENGTH).to_str(), encoding="utf-8")
         onnx_sha = sha256_file(work / MODEL_FILE)
         part_shas = {"lower_onnx_sha256": sha256_file(work / LOWER_FILE), "joint_onnx_sha256": sha256_file(work / JOINT_FILE)}
@@ -190,7 +200,8 @@ def assemble(src_dir: Path, out_dir: Path, precision: str = "int8", *, force: bo
             "source": {"package": SOURCE_PACKAGE, "version": SOURCE_VERSION, "file": SOURCE_FILE, "sha256": base_sha},
             "artifact": {"dir": str(src_dir), "delta_sha256": delta_sha, "card_version": card.get("card_version")},
             "onnx_sha256": onnx_sha,
-            # The two-graph layout: joint(lower(query), lower(passage)) == model.onnx.
+            # The two-graph layout: joint(lower(query), lower(passage)) == model.onnx (up to the
+            # rounding of the joint weights when the card asks for 7 bits).
             "states": {"lower_file": LOWER_FILE, "joint_file": JOINT_FILE, **part_shas},
             "calibration": card.get("calibration", {}),
             "assembly_version": ASSEMBLY_VERSION,

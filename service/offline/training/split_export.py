@@ -271,7 +271,7 @@ def ship(weights_dir: Path, pack_dir: Path, artifact: Path, models_dir: Path, *,
     from service.models._ort import make_session
     from service.offline.builder.e5 import SOURCE_FILE, SOURCE_PACKAGE, SOURCE_VERSION, source_bin
     from service.offline.builder.q4bin import read_e5_bin
-    from service.offline.builder.reranker import CARD_FILE, DELTA_FILE, assemble, save_delta
+    from service.offline.builder.reranker import CARD_FILE, DELTA_FILE, JOINT_WEIGHT_BITS, assemble, save_delta
     from service.models.manifest import TOKENIZER_FILE, sha256_file
     from service.offline.training.pack import default_model_dir
     from service.offline.training.split import _prefix_ids, lower_session, make_upper
@@ -324,7 +324,7 @@ def ship(weights_dir: Path, pack_dir: Path, artifact: Path, models_dir: Path, *,
         },
         "calibration": calibration,
         "toolchain": {"onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__, "torch": torch.__version__},
-        "builds": {"int8": {}},
+        "builds": {"int8": {"joint_weight_bits": JOINT_WEIGHT_BITS}},  # what the first assembly below reads
     }
     (artifact / CARD_FILE).write_text(json.dumps(card, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     built = assemble(artifact, models_dir, "int8", force=True, check=False, log=log)
@@ -347,7 +347,7 @@ def ship(weights_dir: Path, pack_dir: Path, artifact: Path, models_dir: Path, *,
     if np.mean(corr) < 0.95:
         raise RuntimeError(f"the assembled int8 model disagrees with the trained one: {parity}")
     card["builds"]["int8"] = {"onnx_sha256": onnx_sha, "mb": round((built / "model.onnx").stat().st_size / 1e6, 1),
-                              "parity": parity}
+                              "parity": parity, "joint_weight_bits": JOINT_WEIGHT_BITS}
     states = json.loads((built / "manifest.json").read_text(encoding="utf-8")).get("states") or {}
     # The two graphs the build cuts from the one (lower + joint: the stored passage states'
     # path), which tests and `make models` check against the card too.
