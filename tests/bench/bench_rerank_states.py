@@ -21,7 +21,7 @@ bytes per chunk (mean, p95). ``--passage-caps 192`` adds a stored-states server 
 computes the head chunks ingest left without states, the second reads them all.
 ``--joint-weight-bits 8`` adds the stored-states and write-back rows once more with the joint
 layers' weights at that width (a scratch models dir beside the installed one, the same
-artifact, ``write_split_onnx(weight_bits=N)``; the shipped joint is 7-bit, which serving runs
+artifact, ``reranker.write_joint``; the shipped joint is 7-bit, which serving runs
 on the fast int8 kernels even where they saturate on 8-bit weights,
 ``_ort.int8_weights_cannot_saturate``): on an AVX2 CPU (or under
 ``tests/support/avx2_cpu.py``) the 8-bit rows take the exact kernels, as served before.
@@ -102,10 +102,7 @@ class Run:
 def models_with_joint_bits(out: Path, bits: int) -> Path:
     """A models dir like the installed one (links), whose reranker's ``joint.onnx`` is the
     same artifact's joint layers with ``bits``-bit weights."""
-    from service.offline.builder.e5 import source_bin
-    from service.offline.builder.q4bin import read_e5_bin
-    from service.offline.builder.reranker import DELTA_FILE, artifact_dir, load_delta, read_card
-    from service.offline.builder.split_graph import write_split_onnx
+    from service.offline.builder.reranker import write_joint
 
     installed = load_config(None).models_dir
     out.mkdir(parents=True)
@@ -113,10 +110,7 @@ def models_with_joint_bits(out: Path, bits: int) -> Path:
         if d.is_dir() and d.name != RERANKER:
             (out / d.name).symlink_to(d.resolve())
     shutil.copytree(installed / RERANKER, out / RERANKER)
-    card = read_card(artifact_dir())
-    write_split_onnx(read_e5_bin(source_bin()), int(card["layout"]["lower"]), load_delta(artifact_dir() / DELTA_FILE),
-                     int(card["upper_layers"]), "int8", str(out / RERANKER / "joint.onnx"), f"{RERANKER}-joint",
-                     "joint", weight_bits=bits)
+    write_joint(out / RERANKER / "joint.onnx", bits)
     return out
 
 

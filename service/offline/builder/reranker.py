@@ -217,6 +217,20 @@ def assemble(src_dir: Path, out_dir: Path, precision: str = "int8", *, force: bo
     return final
 
 
+def write_joint(path: Path, bits: int, src_dir: Path | None = None, precision: str = "int8") -> None:
+    """An artifact's joint layers alone, at ``bits``-bit weights, cut as ``assemble`` cuts them
+    (the same graph name, so the same bytes): to compare weight widths beside an installed build."""
+    from service.offline.builder.e5 import source_bin
+    from service.offline.builder.q4bin import read_e5_bin
+    from service.offline.builder.split_graph import write_split_onnx
+
+    src_dir = src_dir or artifact_dir()
+    card = read_card(src_dir)
+    write_split_onnx(read_e5_bin(source_bin()), int(card["layout"]["lower"]), load_delta(src_dir / DELTA_FILE),
+                     int(card["upper_layers"]), precision, str(path), f"{model_dir_name(card, precision)}-joint",
+                     "joint", weight_bits=bits)
+
+
 def _copy_sidecars(src_dir: Path, final: Path) -> None:
     for name in (GATE_FILE, CALIBRATION_FILE, ORDER_FILE, CARD_FILE):
         if (src_dir / name).is_file():

@@ -17,6 +17,7 @@ import pytest
 from service.models.manifest import MANIFEST, MODEL_FILE, TOKENIZER_FILE
 from service.models.onnx_cross_encoder import OnnxCrossEncoder
 from service.models.passage_states import StatesCodec, decode_states, encode_states, save_projection
+from service.offline.builder.reranker import write_joint
 from service.offline.builder.tiny_cross_encoder import build_tiny_split_cross_encoder
 from tests.support.rerank_pairs import SPLIT_PAIRS as PAIRS
 
@@ -166,19 +167,6 @@ def test_a_lower_passage_cap_keys_its_states_apart(tmp_path: Path, e5_fp32_dir: 
         OnnxCrossEncoder(model_dir, passage_tokens=3)
 
 
-def _write_joint(path: Path, bits: int) -> None:
-    """The shipped artifact's joint layers with ``bits``-bit weights, as ``make models`` cuts them."""
-    from service.offline.builder.e5 import source_bin
-    from service.offline.builder.q4bin import read_e5_bin
-    from service.offline.builder.reranker import DELTA_FILE, artifact_dir, load_delta, read_card
-    from service.offline.builder.split_graph import write_split_onnx
-
-    card = read_card(artifact_dir())
-    write_split_onnx(read_e5_bin(source_bin()), int(card["layout"]["lower"]), load_delta(artifact_dir() / DELTA_FILE),
-                     int(card["upper_layers"]), "int8", str(path), "e5-small-split-reranker-int8-joint", "joint",
-                     weight_bits=bits)
-
-
 @pytest.mark.slow
 def test_shipped_reranker_cut_matches_the_one_graph(models_dir: Path, tmp_path: Path) -> None:
     model_dir = models_dir / "e5-small-split-reranker-int8"
@@ -200,15 +188,16 @@ def test_shipped_reranker_cut_matches_the_one_graph(models_dir: Path, tmp_path: 
     for f in model_dir.iterdir():
         (eight_bit / f.name).symlink_to(f)
     (eight_bit / "joint.onnx").unlink()
-    _write_joint(eight_bit / "joint.onnx", 8)
+    write_joint(eight_bit / "joint.onnx", 8)
     cut = OnnxCrossEncoder(eight_bit)
     one_query = [("what is term life insurance", p) for _, p in PAIRS]
     passages = [p for _, p in one_query]
     for pair in one_query:
+        one_graph = ce.infer(ce.tokenize([pair]))
         for encoder, tolerance in ((cut, 1e-3), (ce, 0.2)):
             enc = encoder.tokenize_with_states([pair], [None])
             enc.extra["stored"], enc.extra["missing"] = {0: encoder._lower_states(encoder._passage_rows([pair[1]]))[0]}, []
-            np.testing.assert_allclose(encoder.infer(enc), ce.infer(ce.tokenize([pair])), atol=tolerance)
+            np.testing.assert_allclose(encoder.infer(enc), one_graph, atol=tolerance)
     # A whole head in length groups moves logits as much as the one graph's batch company
     # already does, and the int8 codec adds little to that. Measured with
     # tests/bench/rerank_drift.py on 553 valid pairs per language (README "Cached passage
