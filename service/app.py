@@ -21,6 +21,7 @@ from service.ledger.operations import LedgerOperations
 from service.ledger.writer import AttemptWriter
 from service.models.base import CrossEncoderBackend, EmbeddingBackend, PassagesWithStates
 from service.models.runtime import ModelRuntime
+from service.models.towers import SCORING_JOINT, served_scoring
 from service.observability.metrics import ServiceMetrics
 from service.observability.tracing import Tracer
 from service.pipeline.attempt import AttemptRunner
@@ -137,11 +138,14 @@ def read_gate(model_dir: Path) -> dict[str, Any] | None:
     return gate
 
 
-def gate_failure(gate: dict[str, Any] | None, onnx_sha256: str, head_order_sha256: str | None = None) -> str:
+def gate_failure(gate: dict[str, Any] | None, onnx_sha256: str, head_order_sha256: str | None = None,
+                 scoring: str = SCORING_JOINT) -> str:
     """Empty when the gate file shows the model beating the tuned hybrid on the full valid
     split in every required language, else why not. ``head_order_sha256``: the reranker's
     shipped ``rerank_order.json``, which the gate must have measured (None: it ships none,
-    and the gate's alpha orders the head)."""
+    and the gate's alpha orders the head). ``scoring``: how the server would score pairs
+    (``towers.served_scoring``), which the gate must have measured (a gate without the key
+    measured the joint graph)."""
     if gate is None:
         return f"no {GATE_FILE} (run `python -m service eval --split valid --gate ...`)"
     if gate.get("onnx_sha256") != onnx_sha256:
@@ -149,6 +153,9 @@ def gate_failure(gate: dict[str, Any] | None, onnx_sha256: str, head_order_sha25
     if gate.get("head_order_sha256") != head_order_sha256:
         return (f"{GATE_FILE} was measured with another rerank order than the model dir's "
                 f"(run the gate again without --rerank-alpha)")
+    if gate.get("scoring", SCORING_JOINT) != scoring:
+        return (f"{GATE_FILE} was measured scoring with {gate.get('scoring', SCORING_JOINT)}, "
+                f"this server scores with {scoring} (rerank_scoring)")
     langs = gate.get("languages", {})
     for lang in GATE_LANGUAGES:
         row = langs.get(lang)
@@ -185,13 +192,15 @@ def resolve_reranker(cfg: Config) -> RerankerChoice:
                                         "(`python -m service models build` assembles the shipped one)")
         raise FileNotFoundError(f"reranker model not found at {path}")
     gate = read_gate(path)
+    manifest = read_manifest(path, "cross-encoder")
+    scoring = served_scoring(manifest, cfg.rerank_scoring)
     if auto:
-        why = gate_failure(gate, str(read_manifest(path, "cross-encoder").get("onnx_sha256", "")), order_sha256(path))
+        why = gate_failure(gate, str(manifest.get("onnx_sha256", "")), order_sha256(path), scoring)
         if why:
             return RerankerChoice(None, f"default reranker {default} not used: {why}")
     backend = load_cross_encoder(path, threads=cfg.model_threads, max_length=cfg.rerank_max_length,
                                  compact_states=cfg.rerank_states_compact, parallel=cfg.rerank_parallel,
-                                 passage_tokens=cfg.rerank_passage_tokens)
+                                 passage_tokens=cfg.rerank_passage_tokens, scoring=scoring)
     order = read_order(path) if cfg.rerank_alpha < 0 else None  # HeadOrderError: startup fails
     return RerankerChoice(backend, alpha=_alpha(cfg, gate), model_dir=path, order=order)
 
@@ -320,6 +329,9 @@ class App:
             latin_embedder = load_latin_embedder(cfg)
         choice = RerankerChoice(reranker, alpha=_alpha(cfg, None)) if reranker is not None else resolve_reranker(cfg)
         reranker = choice.backend
+        if reranker is not None:
+            log.info("reranker %s scores %s", reranker.info.model_id,
+                     "as two towers" if reranker.scoring == "towers" else "jointly")
         if choice.reason and cfg.reranker_model:
             log.warning("rerank leg off: %s", choice.reason)
         metrics = ServiceMetrics()

@@ -143,8 +143,14 @@ class Config:
     rerank_states_write_back: str = "auto"
     # Store them down-projected (96 PCA dims, ~7.8 KB for an 80-token chunk) instead of full
     # width (int8, ~31 KB): same valid nDCG@10, but logits come out ~0.1 lower than the one
-    # graph's, which the shipped quality calibration does not know (README).
+    # graph's, which the shipped quality calibration does not know (README). Joint scoring
+    # only: a tower vector (rerank_scoring) is already ~0.4 KB.
     rerank_states_compact: bool = False
+    # How a split reranker scores: "auto" (what its artifact's gate measured: the shipped one
+    # serves two towers, README "Two towers"), "joint" (the query and passage through the
+    # upper layers together) or "towers" (each side alone; its stored form is a ~0.4 KB
+    # vector). A gate measured one way does not admit the other for "auto" reranking.
+    rerank_scoring: str = "auto"
     # The quality gate for requests that set none (below it: INSUFFICIENT). 0: the
     # calibrations' "nothing here" gate (per leg set and language, fitted against off-domain
     # questions) on the top item, which keeps the whole list when it passes; a value in

@@ -583,7 +583,10 @@ async def evaluate_service(judged: Judged, settings: EvalSettings) -> dict[str, 
 
 
 def _write_gate(settings: EvalSettings, results: list[ModeResult], judged: Judged) -> dict[str, Any]:
+    from service.config import load_config
     from service.eval.gate import update_gate
+    from service.models.manifest import read_manifest
+    from service.models.towers import served_scoring
     from service.pipeline.head_order import order_sha256
 
     hybrid = [r for r in results if r.mode == "hybrid" and r.status == "ok"]
@@ -593,12 +596,16 @@ def _write_gate(settings: EvalSettings, results: list[ModeResult], judged: Judge
     # The server ordered the head by the reranker's rerank_order.json unless --rerank-alpha
     # overrode it (app.resolve_reranker): the gate records what was served.
     served_order = None if settings.rerank_alpha is not None else order_sha256(Path(settings.reranker).expanduser())
+    # How the server scored pairs: the reranker's own choice unless rerank_scoring forced one.
+    scoring = served_scoring(read_manifest(Path(settings.reranker).expanduser(), "cross-encoder"),
+                             load_config(None).rerank_scoring)
     gate = update_gate(Path(settings.reranker).expanduser(), settings.lang, hybrid[0].metrics["ndcg@10"],
                        reranked[0].alpha_sweep, full_split=settings.full_split, full_corpus=settings.full_corpus,
                        queries=len(judged.queries),
                        documents=len(judged.corpus), embedder=hybrid[0].model,
                        command=str(settings.extra_meta.get("command", "")),
-                       head_order=(served_order, reranked[0].metrics["ndcg@10"]) if served_order else None)
+                       head_order=(served_order, reranked[0].metrics["ndcg@10"]) if served_order else None,
+                       scoring=scoring)
     _say(settings, f"gate: {'order ' + served_order[:12] if served_order else 'alpha ' + str(gate['alpha'])}, "
                    f"passed={gate['passed']} {gate['reason']}")
     return gate

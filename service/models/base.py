@@ -95,6 +95,9 @@ class CrossEncoderBackend(abc.ABC):
     # Cached passage states (service/models/passage_states.py): the key stored states must
     # carry to be used by this model; None = this model cannot use stored states.
     states_key: str | None = None
+    # How pairs are scored: "joint" (query and passage through the model together) or
+    # "towers" (each side alone, then a dot product; service/models/towers.py).
+    scoring: str = "joint"
 
     def passage_states(self, passages: list[str]) -> list[bytes]:
         """Encoded passage states for ``states_key`` (only models that have one)."""

@@ -10,6 +10,9 @@ Two layouts, told apart by the manifest's ``architecture``:
   sides' states -> logit), stored passage states (``passage_states.py``) replace the
   passage's lower layers: a rerank then runs the query's lower layers once and the joint
   layers per pair. Pairs without stored states get theirs computed in the same call.
+  Where the manifest's ``scoring`` is "towers" (``towers.py``, README "Two towers"), the
+  upper layers run on each side alone (``tower.onnx``): a passage's stored form is its
+  tower vector, and a rerank runs the query's layers once and a dot product per pair.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from service.models._ort import batch_invariant, load_tokenizer, make_session, p
 from service.models.base import CrossEncoderBackend, Encoded, FloatArray, ModelInfo, pad_rows, pad_states
 from service.models.manifest import MODEL_FILE, TOKENIZER_FILE, read_manifest
 from service.models.passage_states import STATES_TEXT, StatesCodec
+from service.models.towers import SCORING_TOWERS, load_tower_head, served_scoring, tower_logits
 
 T = TypeVar("T")
 
@@ -38,7 +42,8 @@ class OnnxCrossEncoder(CrossEncoderBackend):
     ``OnnxEmbedder``."""
 
     def __init__(self, model_dir: Path, threads: int = 1, max_length: int | None = None,
-                 compact_states: bool = False, parallel: int = 1, passage_tokens: int = 0) -> None:
+                 compact_states: bool = False, parallel: int = 1, passage_tokens: int = 0,
+                 scoring: str = "auto") -> None:
         # The two-graph path runs one call per length group; ``parallel`` > 1 runs them on a
         # pool of that many threads (onnxruntime releases the GIL), so a single rerank on an
         # idle machine uses every core, and, the pool being shared by every caller, the groups
@@ -67,17 +72,25 @@ class OnnxCrossEncoder(CrossEncoderBackend):
         self._one_graph_file, self._threads = model_dir / MODEL_FILE, threads
         self.batch_invariant = batch_invariant(self._one_graph_file)
         states = manifest.get("states")
+        # "joint" or "towers": how the two-graph layout scores (``served_scoring``).
+        self.scoring = served_scoring(manifest, scoring)
         if self.split and isinstance(states, dict):
             self._lower = make_session(model_dir / str(states["lower_file"]), threads)
-            self._joint = make_session(model_dir / str(states["joint_file"]), threads)
-            # compact: the artifact's down-projection (when it has one); else full width.
-            projection = states.get("projection_file") if compact_states else None
-            self._codec = StatesCodec.load(model_dir / str(projection) if projection else None)
-            # What makes stored states usable: the lower graph that wrote them, the projection,
-            # the format and the passage layout they encode.
-            proj = str(states.get("projection_sha256", ""))[:16] if projection else "none"
-            self.states_key = (f"{self.info.model_id}:lower-{str(states['lower_onnx_sha256'])[:16]}"
-                               f":proj-{proj}:f{self._codec.fmt}:{STATES_TEXT}")
+            # What makes a stored blob usable: the graphs that wrote it (the lower one, then the
+            # tower or the projection), the format and the passage layout it encodes.
+            key = f"{self.info.model_id}:lower-{str(states['lower_onnx_sha256'])[:16]}"
+            if self.scoring == SCORING_TOWERS:
+                self._tower = make_session(model_dir / str(states["tower_file"]), threads)
+                self._head_w, self._head_b = load_tower_head(model_dir / str(states["tower_head_file"]))
+                self._codec = StatesCodec(vectors=True)  # a vector is already small: no projection
+                key += f":tower-{str(states['tower_onnx_sha256'])[:16]}"
+            else:
+                self._joint = make_session(model_dir / str(states["joint_file"]), threads)
+                # compact: the artifact's down-projection (when it has one); else full width.
+                projection = states.get("projection_file") if compact_states else None
+                self._codec = StatesCodec.load(model_dir / str(projection) if projection else None)
+                key += f":proj-{str(states.get('projection_sha256', ''))[:16] if projection else 'none'}"
+            self.states_key = f"{key}:f{self._codec.fmt}:{STATES_TEXT}"
             if self._passage_max < int(str(manifest["passage_max_tokens"])):
                 # States cut at another passage cap are other states (the lower layers saw
                 # other text): never read across caps. The trained cap keeps the old key.
@@ -146,8 +159,25 @@ class OnnxCrossEncoder(CrossEncoderBackend):
         return self._lower_states(rows)
 
     def encode_states(self, states: np.ndarray) -> bytes:
-        """[tokens, hidden] states -> what this model stores under ``states_key``."""
+        """[tokens, hidden] states -> what this model stores under ``states_key``: the states
+        (joint scoring), or the passage's tower vector computed from them (towers)."""
+        if self.scoring == SCORING_TOWERS:
+            return self._codec.encode(self._tower_vectors([states])[0])
         return self._codec.encode(states)
+
+    def _tower_vectors(self, states: list[np.ndarray]) -> list[np.ndarray]:
+        """The tower on each row's [tokens, hidden] states -> a [1, hidden] vector each, one
+        call per row, as ``_lower_states`` (a vector depends on its own text alone)."""
+        out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(states)
+
+        def run(group: list[int]) -> np.ndarray:
+            x, mask = pad_states([states[i] for i in group], states[group[0]].shape[1])
+            return np.asarray(self._tower.run(None, {"states": x, "attention_mask": mask})[0], dtype=np.float32)
+
+        for group, vectors in self._by_length([len(s) for s in states], run, rows=1):
+            for j, i in enumerate(group):
+                out[i] = vectors[j : j + 1]
+        return out
 
     def _passage_rows(self, passages: list[str]) -> list[list[int]]:
         encoded = self._tokenizer.encode_batch(passages, add_special_tokens=False)
@@ -186,7 +216,10 @@ class OnnxCrossEncoder(CrossEncoderBackend):
             return super().passage_states(passages)
         if not passages:
             return []
-        return [self._codec.encode(x) for x in self._lower_states(self._passage_rows(passages))]
+        lower = self._lower_states(self._passage_rows(passages))
+        if self.scoring == SCORING_TOWERS:
+            return [self._codec.encode(v) for v in self._tower_vectors(lower)]
+        return [self._codec.encode(x) for x in lower]
 
     def tokenize_with_states(self, pairs: list[tuple[str, str]], states: Sequence[bytes | None]) -> Encoded:
         if self.states_key is None:
@@ -218,6 +251,8 @@ class OnnxCrossEncoder(CrossEncoderBackend):
         })
 
     def _infer_with_states(self, encoded: Encoded) -> FloatArray:
+        if self.scoring == SCORING_TOWERS:
+            return self._infer_towers(encoded)
         ex = encoded.extra
         n = encoded.batch_size
         q_states = self._lower_states(ex["query_rows"])
@@ -244,6 +279,19 @@ class OnnxCrossEncoder(CrossEncoderBackend):
         for group, out in self._by_length([per_row[i].shape[0] for i in range(n)], run):
             logits[group] = out
         return logits
+
+    def _infer_towers(self, encoded: Encoded) -> FloatArray:
+        """Each distinct query's tower once, the passages' vectors stored or computed (through
+        the codec, as stored ones are), then the head on each pair's two vectors."""
+        ex = encoded.extra
+        q_vectors = np.concatenate(self._tower_vectors(self._lower_states(ex["query_rows"])))
+        per_row: dict[int, np.ndarray] = dict(ex["stored"])
+        if ex["missing"]:
+            blobs = [self._codec.encode(v) for v in self._tower_vectors(self._lower_states(ex["missing_rows"]))]
+            per_row.update(zip(ex["missing"], self._codec.decode_many(blobs)))
+            ex["computed_states"] = dict(zip(ex["missing"], blobs))  # for a write-back
+        p_vectors = np.concatenate([per_row[i] for i in range(encoded.batch_size)])
+        return tower_logits(q_vectors[ex["query_of"]], p_vectors, self._head_w, self._head_b)
 
     def tokenize(self, pairs: list[tuple[str, str]]) -> Encoded:
         if self.split:
@@ -295,6 +343,7 @@ def _length_groups(lengths: list[int], rows: int = _GROUP_ROWS) -> list[list[int
 
 
 def load_cross_encoder(model_dir: Path, threads: int = 1, max_length: int | None = None,
-                       compact_states: bool = False, parallel: int = 1, passage_tokens: int = 0) -> OnnxCrossEncoder:
+                       compact_states: bool = False, parallel: int = 1, passage_tokens: int = 0,
+                       scoring: str = "auto") -> OnnxCrossEncoder:
     return OnnxCrossEncoder(model_dir, threads=threads, max_length=max_length, compact_states=compact_states,
-                            parallel=parallel, passage_tokens=passage_tokens)
+                            parallel=parallel, passage_tokens=passage_tokens, scoring=scoring)

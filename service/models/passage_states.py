@@ -13,6 +13,8 @@ it back before the joint layers, ``dims`` + 2 bytes a token. A blob is only ever
 by the model it was written for: the engines store it with a ``states_key`` (the reranker's
 id, the hashes of its lower graph and projection, the format) and a rerank asks for exactly
 that key, so a model change makes every stored blob stale and the reranker computes states.
+A reranker served as two towers (``towers.py``) stores each passage's tower vector instead,
+format 3: one row of ``hidden`` int8 (~0.4 KB).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ F32 = npt.NDArray[np.float32]
 STATES_FORMAT = 1
 # 2: the same after projecting each token onto the fitted components.
 PROJECTED_FORMAT = 2
+# 3: the reranker's passage tower vector (models/towers.py): one row, int8 like format 1.
+VECTOR_FORMAT = 3
 # The passage layout the stored states encode (``rerank_passage_text``), in the states key:
 # "t2" added the breadcrumb (states written for the "title\ntext" layout are not read).
 STATES_TEXT = "t2"
@@ -89,6 +93,7 @@ class StatesCodec:
 
     mean: F32 | None = None  # [hidden]; None: no projection (format 1)
     components: F32 | None = None  # [dims, hidden]
+    vectors: bool = False  # one pooled vector per passage (format 3), never projected
 
     @classmethod
     def load(cls, projection: Path | None) -> StatesCodec:
@@ -102,9 +107,13 @@ class StatesCodec:
 
     @property
     def fmt(self) -> int:
+        if self.vectors:
+            return VECTOR_FORMAT
         return STATES_FORMAT if self.components is None else PROJECTED_FORMAT
 
     def encode(self, states: F32) -> bytes:
+        if self.vectors:
+            return encode_states(states, VECTOR_FORMAT)
         if self.components is None or self.mean is None:
             return encode_states(states)
         projected: F32 = ((np.asarray(states, np.float32) - self.mean) @ self.components.T).astype(np.float32)
@@ -116,6 +125,8 @@ class StatesCodec:
     def decode_many(self, blobs: list[bytes]) -> list[F32]:
         """Several blobs, expanded with one matrix product (a rerank's 20 at once)."""
         ys = [decode_states(b, self.fmt) for b in blobs]
+        if self.vectors and any(len(y) != 1 for y in ys):
+            raise ValueError("a passage vector blob holds one row")
         if self.components is None or self.mean is None or not ys:
             return ys
         dims = self.components.shape[0]

@@ -3,14 +3,16 @@ one run on the same machine (absolute times drift on a shared machine; ratios do
 
     RETRIEVAL_MODELS_DIR=... .venv/bin/python tests/bench/bench_rerank_states.py [--docs 200] [--queries 40]
 
-Four in-process servers (embedded engine, real gRPC, e5-small int8 + the shipped split
+In-process servers (embedded engine, real gRPC, e5-small int8 + the shipped split
 reranker) over the same corpus: the baseline on the one graph (``model.onnx``: every pass
-recomputed in one call, what every rerank ran before the two graphs), then the two graphs
-without stored states (``rerank_states`` off, the default: each rerank computes them), one
-storing full-width states, one compact ones (``rerank_states_compact``), and one in
-write-back mode (``rerank_states_write_back``: ingest stores nothing, each query is asked
-twice, the first rerank computes and stores its head's states, the second reads them):
-InsuranceQA answers, en and zh (``--docs`` each; the eval extra), else the synthetic
+recomputed in one call, what every rerank ran before the two graphs), then the served two
+towers (``rerank_scoring`` "auto": the shipped card's "towers", README "Two towers") without
+stored vectors (each rerank computes them), storing them at ingest (``rerank_states``), and
+in write-back mode (``rerank_states_write_back``: ingest stores nothing, each query is asked
+twice, the first rerank computes and stores its head's vectors, the second reads them); then
+the same with the joint layers (``rerank_scoring = "joint"``: the query and passage through
+the upper layers together, as served before the towers), with full-width and compact
+(``rerank_states_compact``) stored states: InsuranceQA answers, en and zh (``--docs`` each; the eval extra), else the synthetic
 bench corpus. Prints, per language, the rerank stage's p50 for ``rerank_top_n`` (20) pairs
 as the pipeline timed it (stored states read + model) and its ratio to recomputation,
 hybrid+rerank Retrieve p50; ingest chunks/s with states against without; and the stored
@@ -117,10 +119,11 @@ def models_with_joint_bits(out: Path, bits: int) -> Path:
 async def serve(states: bool, data_dir: Path, docs: list[corpus_pb2.Document],
                 queries: dict[str, list[str]], compact: bool = False, one_graph: bool = False,
                 write_back: bool = False, passage_cap: int | None = None, second_pass: bool = True,
-                models_dir: Path | None = None) -> Run:
+                models_dir: Path | None = None, scoring: str = "auto") -> Run:
     cfg = dataclasses.replace(load_config(None), data_dir=data_dir, reranker_model=RERANKER, rerank_states=states,
                               rerank_states_compact=compact, rerank_states_write_back=write_back,
-                              rerank_states_second_pass=second_pass, api_keys_file="", opensearch_url="")
+                              rerank_states_second_pass=second_pass, api_keys_file="", opensearch_url="",
+                              rerank_scoring=scoring)
     if models_dir is not None:
         cfg = dataclasses.replace(cfg, models_dir=models_dir)
     if passage_cap:
@@ -181,17 +184,23 @@ async def main(n_docs: int, n_queries: int, caps: list[int], one_pass_only: bool
     with tempfile.TemporaryDirectory() as tmp:
         one_graph = await serve(False, Path(tmp) / "one-graph", docs, queries, one_graph=True)
         recompute = await serve(False, Path(tmp) / "recompute", docs, queries)
-        runs = {"recompute, two graphs": recompute, "stored, full width": await serve(True, Path(tmp) / "full", docs, queries),
-                "stored, compact": await serve(True, Path(tmp) / "compact", docs, queries, compact=True),
-                "write-back, 2nd ask": await serve(False, Path(tmp) / "write-back", docs, queries, write_back=True)}
+        runs = {"towers, recompute": recompute,
+                "towers, stored": await serve(True, Path(tmp) / "full", docs, queries),
+                "towers, write-back, 2nd ask": await serve(False, Path(tmp) / "write-back", docs, queries, write_back=True),
+                "joint, recompute": await serve(False, Path(tmp) / "j-recompute", docs, queries, scoring="joint"),
+                "joint, stored, full width": await serve(True, Path(tmp) / "j-full", docs, queries, scoring="joint"),
+                "joint, stored, compact": await serve(True, Path(tmp) / "j-compact", docs, queries, compact=True,
+                                                      scoring="joint"),
+                "joint, write-back, 2nd ask": await serve(False, Path(tmp) / "j-write-back", docs, queries,
+                                                          write_back=True, scoring="joint")}
         for cap in caps:
             runs[f"stored, passage cap {cap}"] = await serve(True, Path(tmp) / f"cap{cap}", docs, queries, passage_cap=cap)
         if joint_bits:
             other = models_with_joint_bits(Path(tmp) / "models-joint", joint_bits)
             runs[f"{joint_bits}-bit joint: stored, full"] = await serve(True, Path(tmp) / "joint-full", docs, queries,
-                                                                      models_dir=other)
+                                                                      models_dir=other, scoring="joint")
             runs[f"{joint_bits}-bit joint: write-back, 2nd ask"] = await serve(
-                False, Path(tmp) / "joint-write-back", docs, queries, write_back=True, models_dir=other)
+                False, Path(tmp) / "joint-write-back", docs, queries, write_back=True, models_dir=other, scoring="joint")
         if exact_kernels:  # every session these servers build takes the exact kernels
             with mock.patch.object(_ort, "u8s8_saturates", lambda: True):
                 runs["exact kernels: stored, full"] = await serve(True, Path(tmp) / "exact-full", docs, queries)

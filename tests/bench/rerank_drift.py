@@ -8,7 +8,9 @@ two graphs *shift* logits (signed mean) or only add noise of the one graph's own
 Per valid question: 3 judged answers + 17 random ones (seed 0), scored by the one graph
 (one call over the 20 pairs, as every rerank ran before the two graphs), by the two graphs
 on exact lower states, and by the two graphs on states through the full-width int8 codec
-and the compact one (what ``rerank_states`` stores).
+and the compact one (what ``rerank_states`` stores with ``rerank_scoring = "joint"``), and by
+the two towers (README "Two towers": each side's upper layers alone, the passage's vector
+through its int8 codec, as served).
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ def valid_reranks(lang: str, n_questions: int) -> list[list[tuple[str, str]]]:
 
 def main(lang: str, n_questions: int) -> None:
     model_dir = load_config(None).models_dir / RERANKER
-    full, compact = OnnxCrossEncoder(model_dir), OnnxCrossEncoder(model_dir, compact_states=True)
+    full, compact = OnnxCrossEncoder(model_dir, scoring="joint"), OnnxCrossEncoder(model_dir, compact_states=True,
+                                                                                  scoring="joint")
+    towers = OnnxCrossEncoder(model_dir, scoring="towers")
     scores: dict[str, list[np.ndarray]] = {}
     for pairs in valid_reranks(lang, n_questions):
         passages = [p for _, p in pairs]
@@ -53,6 +57,8 @@ def main(lang: str, n_questions: int) -> None:
             full.infer(full.tokenize_with_states(pairs, full.passage_states(passages))))
         scores.setdefault("two graphs, compact states", []).append(
             compact.infer(compact.tokenize_with_states(pairs, compact.passage_states(passages))))
+        scores.setdefault("two towers (served)", []).append(
+            towers.infer(towers.tokenize_with_states(pairs, towers.passage_states(passages))))
     one = np.concatenate(scores["one graph"])
     print(f"{lang}: {len(one)} pairs; logit - one graph's (the head scores 20 x cosine + interaction)")
     print(f"{'':<28} {'signed mean':>12} {'mean |d|':>9} {'p95 |d|':>8} {'max |d|':>8}")

@@ -32,6 +32,7 @@ import numpy.typing as npt
 
 from service.models.manifest import MANIFEST, MODEL_FILE, TOKENIZER_FILE, publish_model_dir, sha256_file, write_manifest
 from service.models.passage_states import PROJECTION_FILE
+from service.models.towers import SCORING_JOINT, TOWER_HEAD_FILE, save_tower_head
 from service.pipeline.head_order import ORDER_FILE
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
@@ -44,7 +45,8 @@ ARCHITECTURE = "split"
 # Bump when the assembly changes what it writes: forces a rebuild.
 # 2: also writes the two-graph layout (``lower.onnx`` + ``joint.onnx``) for cached passage states.
 # 3: ``joint.onnx``'s weights at the card's ``builds.<precision>.joint_weight_bits``.
-ASSEMBLY_VERSION = 3
+# 4: also the two towers (``tower.onnx`` + ``tower_head.npz``) and the card's ``scoring``.
+ASSEMBLY_VERSION = 4
 # What a new ship records (``split_export --ship``) as ``joint_weight_bits``; a card without
 # the key was measured on 8-bit joint weights and keeps them. At 7 bits (within +-64)
 # onnxruntime's fast int8 kernels multiply the joint layers exactly on every CPU, so CPUs
@@ -57,6 +59,9 @@ JOINT_WEIGHT_BITS = 7
 # at layer ``lower`` (queries and passages alike), and states of both sides -> the logit.
 LOWER_FILE = "lower.onnx"
 JOINT_FILE = "joint.onnx"
+# The upper layers on one side alone (README "Two towers"), at the joint's weight width:
+# served instead of the joint graph where the card's ``scoring`` is "towers".
+TOWER_FILE = "tower.onnx"
 Log = Callable[[str], None]
 F32 = npt.NDArray[np.float32]
 
@@ -115,13 +120,13 @@ def _projection_sha(src_dir: Path) -> str | None:
     return sha256_file(path) if path.is_file() else None
 
 
-def _is_current(final: Path, delta_sha: str, projection_sha: str | None) -> bool:
+def _is_current(final: Path, delta_sha: str, projection_sha: str | None, scoring: str) -> bool:
     try:
         m = json.loads((final / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     return (m.get("artifact", {}).get("delta_sha256") == delta_sha and m.get("assembly_version") == ASSEMBLY_VERSION
-            and m.get("states", {}).get("projection_sha256") == projection_sha
+            and m.get("states", {}).get("projection_sha256") == projection_sha and m.get("scoring") == scoring
             and all((final / f).is_file() for f in (MODEL_FILE, TOKENIZER_FILE, LOWER_FILE, JOINT_FILE)))
 
 
@@ -142,7 +147,7 @@ def assemble(src_dir: Path, out_dir: Path, precision: str = "int8", *, force: bo
     name = model_dir_name(card, precision)
     final = out_dir / name
     projection_sha = _projection_sha(src_dir)
-    if not force and _is_current(final, delta_sha, projection_sha):
+    if not force and _is_current(final, delta_sha, projection_sha, str(card.get("scoring", SCORING_JOINT))):
         _copy_sidecars(src_dir, final)
         log(f"{name}: up to date, skipping")
         return final
@@ -161,12 +166,14 @@ def assemble(src_dir: Path, out_dir: Path, precision: str = "int8", *, force: bo
         write_split_onnx(src, int(layout["lower"]), tensors, int(card["upper_layers"]), precision,
                          str(work / MODEL_FILE), name)
         joint_bits = int(card.get("builds", {}).get(precision, {}).get("joint_weight_bits", 8))
-        for part, file, bits in (("lower", LOWER_FILE, 8), ("joint", JOINT_FILE, joint_bits)):
+        towers = "maxsim_w" not in tensors  # a MaxSim term compares tokens of both sides: no towers
+        parts = [("lower", LOWER_FILE, 8), ("joint", JOINT_FILE, joint_bits)] + ([("tower", TOWER_FILE, joint_bits)] if towers else [])
+        for part, file, bits in parts:
             write_split_onnx(src, int(layout["lower"]), tensors, int(card["upper_layers"]), precision,
                              str(work / file), f"{name}-{part}", part, weight_bits=bits)  # type: ignore[arg-type]
         (work / TOKENIZER_FILE).write_text(build_tokenizer(src.vocab, MAX_LENGTH).to_str(), encoding="utf-8")
         onnx_sha = sha256_file(work / MODEL_FILE)
-        part_shas = {"lower_onnx_sha256": sha256_file(work / LOWER_FILE), "joint_onnx_sha256": sha256_file(work / JOINT_FILE)}
+        part_shas = {f"{part}_onnx_sha256": sha256_file(work / file) for part, file, _ in parts}
         build_card = card.get("builds", {}).get(precision, {})
         expected = build_card.get("onnx_sha256")
         for key, sha in part_shas.items():
@@ -185,6 +192,9 @@ def assemble(src_dir: Path, out_dir: Path, precision: str = "int8", *, force: bo
         if projection_sha is not None:  # the stored states' down-projection (passage_states.py)
             shutil.copyfile(src_dir / PROJECTION_FILE, work / PROJECTION_FILE)
             part_shas.update(projection_file=PROJECTION_FILE, projection_sha256=projection_sha)
+        if towers:
+            save_tower_head(work / TOWER_HEAD_FILE, tensors["head_w"], float(tensors["head_b"]))
+            part_shas.update(tower_file=TOWER_FILE, tower_head_file=TOWER_HEAD_FILE)
         manifest: dict[str, Any] = {
             "model_id": name,
             "kind": "cross-encoder",
@@ -203,6 +213,8 @@ def assemble(src_dir: Path, out_dir: Path, precision: str = "int8", *, force: bo
             # The two-graph layout: joint(lower(query), lower(passage)) == model.onnx (up to the
             # rounding of the joint weights when the card asks for 7 bits).
             "states": {"lower_file": LOWER_FILE, "joint_file": JOINT_FILE, **part_shas},
+            # What the gate measured serving: the joint graph, or the two towers (README "Two towers").
+            "scoring": card.get("scoring", SCORING_JOINT),
             "calibration": card.get("calibration", {}),
             "assembly_version": ASSEMBLY_VERSION,
             "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -48,12 +48,17 @@ class SplitHead:
     maxsim_w: float | None = None  # the late-interaction term's weight (None: no such term)
 
 
-GraphPart = Literal["whole", "lower", "joint"]
+GraphPart = Literal["whole", "lower", "joint", "tower"]
 # The two-graph layout (cached passage states): ``lower`` maps ids -> the states at the
 # split point, ``joint`` maps both sides' states -> the logit. ``whole`` is the one graph.
+# ``tower`` maps one side's states -> its pooled vector through the upper layers with the
+# cross attention shut (README "Two towers"): ``sum(w * tower(q) * tower(p)) + b`` is the
+# joint graph with its cross-attention biases at -inf.
 STATES_OUTPUT = "states"
 LOWER_INPUTS = ("input_ids", "attention_mask")
 JOINT_INPUTS = ("query_states", "query_mask", "passage_states", "passage_mask")
+TOWER_INPUTS = ("states", "attention_mask")
+TOWER_OUTPUT = "vector"
 
 
 def build_split_graph(config: BertConfig, lower: BertWeights, upper: list[LayerWeights], head: SplitHead,
@@ -61,7 +66,9 @@ def build_split_graph(config: BertConfig, lower: BertWeights, upper: list[LayerW
     """``whole``: inputs int64 [batch, query_seq] x2 and [batch, passage_seq] x2, output logits
     [batch, 1]. ``lower``: ids + mask -> states [batch, seq, hidden] (query or passage alike).
     ``joint``: query states + mask, passage states + mask -> logits. ``joint(lower(q), lower(p))``
-    is ``whole(q, p)``: the same nodes on the same weights, only cut at the split point."""
+    is ``whole(q, p)``: the same nodes on the same weights, only cut at the split point.
+    ``tower``: states + mask -> the pooled, L2-normalised vector [batch, hidden] of the upper
+    layers run on that side alone."""
     if len(head.cross_bias) != len(upper):
         raise ValueError("one cross-attention bias vector per upper layer")
     g = _Graph()
@@ -79,6 +86,19 @@ def build_split_graph(config: BertConfig, lower: BertWeights, upper: list[LayerW
         g.op("Identity", [lower_layers(*LOWER_INPUTS)], name=STATES_OUTPUT)
         inputs = [helper.make_tensor_value_info(n, TensorProto.INT64, [batch, "sequence"]) for n in LOWER_INPUTS]
         return finish(g, name, inputs, [helper.make_tensor_value_info(STATES_OUTPUT, TensorProto.FLOAT, [batch, "sequence", h])])
+    if part == "tower":
+        if head.maxsim_w is not None:
+            raise ValueError("a MaxSim head compares the two sides' tokens: it has no towers")
+        x, t_mask = TOWER_INPUTS
+        ext = padding_mask(g, t_mask)
+        for j, lw in enumerate(upper):
+            x = encoder_layer(g, x, ext, lw, f"encoder.layer.{len(lower.layers) + j}", config)
+        mean_l2(g, x, t_mask, name=TOWER_OUTPUT)
+        inputs = [
+            helper.make_tensor_value_info(TOWER_INPUTS[0], TensorProto.FLOAT, [batch, "sequence", h]),
+            helper.make_tensor_value_info(TOWER_INPUTS[1], TensorProto.INT64, [batch, "sequence"]),
+        ]
+        return finish(g, name, inputs, [helper.make_tensor_value_info(TOWER_OUTPUT, TensorProto.FLOAT, [batch, h])])
     if part == "joint":
         q_states, q_mask, p_states, p_mask = JOINT_INPUTS
         _joint(g, config, upper, head, len(lower.layers), (q_states, q_mask), (p_states, p_mask), q_mask)

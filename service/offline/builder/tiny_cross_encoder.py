@@ -108,11 +108,13 @@ def build_tiny_cross_encoder(out_dir: Path, tokenizer_json: Path, layers: int = 
 def build_tiny_split_cross_encoder(out_dir: Path, tokenizer_json: Path, lower: int = 1, upper: int = 1, hidden: int = 64,
                                    seed: int = 0, cross_bias: float = -6.0, head_scale: float = 20.0,
                                    query_max_tokens: int = 16, passage_max_tokens: int = 48,
-                                   with_states: bool = True) -> Path:
+                                   with_states: bool = True, scoring: str = "joint") -> Path:
     """A random-weight split cross-encoder (``split_graph.py``) with the trained reranker's
     manifest layout, for tests of the runner, the graph and the reranker resolution; with
-    ``with_states`` also its two-graph layout (``lower.onnx`` + ``joint.onnx``), as built."""
-    from service.offline.builder.reranker import JOINT_FILE, LOWER_FILE
+    ``with_states`` also its two-graph layout (``lower.onnx`` + ``joint.onnx``) and its towers
+    (``tower.onnx`` + head), as built; ``scoring``: the manifest's (README "Two towers")."""
+    from service.models.towers import TOWER_HEAD_FILE, save_tower_head
+    from service.offline.builder.reranker import JOINT_FILE, LOWER_FILE, TOWER_FILE
     from service.offline.builder.split_graph import SplitHead, build_split_graph
 
     tok = Tokenizer.from_file(str(tokenizer_json))
@@ -127,11 +129,12 @@ def build_tiny_split_cross_encoder(out_dir: Path, tokenizer_json: Path, lower: i
     onnx.save(build_split_graph(config, lower_w, weights.layers[lower:], head, False, "tiny-split"), str(out_dir / MODEL_FILE))
     states: dict[str, str] = {}
     if with_states:
-        for part, file in (("lower", LOWER_FILE), ("joint", JOINT_FILE)):
+        for part, file in (("lower", LOWER_FILE), ("joint", JOINT_FILE), ("tower", TOWER_FILE)):
             graph = build_split_graph(config, lower_w, weights.layers[lower:], head, False, f"tiny-split-{part}", part)  # type: ignore[arg-type]
             onnx.save(graph, str(out_dir / file))
             states[f"{part}_onnx_sha256"] = sha256_file(out_dir / file)
-        states.update(lower_file=LOWER_FILE, joint_file=JOINT_FILE)
+        save_tower_head(out_dir / TOWER_HEAD_FILE, head.w, head.b)
+        states.update(lower_file=LOWER_FILE, joint_file=JOINT_FILE, tower_file=TOWER_FILE, tower_head_file=TOWER_HEAD_FILE)
     tok.save(str(out_dir / TOKENIZER_FILE))
     write_manifest(out_dir, {
         "model_id": f"tiny-split-cross-encoder-l{lower}+{upper}-h{hidden}-s{seed}",
@@ -147,7 +150,7 @@ def build_tiny_split_cross_encoder(out_dir: Path, tokenizer_json: Path, lower: i
         "upper_layers": upper,
         "source": {"random_seed": seed, "tokenizer_sha256": sha256_file(tokenizer_json)},
         "onnx_sha256": sha256_file(out_dir / MODEL_FILE),
-        **({"states": states} if states else {}),
+        **({"states": states, "scoring": scoring} if states else {}),
         "config": dataclasses.asdict(config),
         "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     })

@@ -351,7 +351,8 @@ def ship(weights_dir: Path, pack_dir: Path, artifact: Path, models_dir: Path, *,
     states = json.loads((built / "manifest.json").read_text(encoding="utf-8")).get("states") or {}
     # The two graphs the build cuts from the one (lower + joint: the stored passage states'
     # path), which tests and `make models` check against the card too.
-    card["builds"]["int8"].update({k: states[k] for k in ("lower_onnx_sha256", "joint_onnx_sha256") if k in states})
+    card["builds"]["int8"].update({k: states[k] for k in ("lower_onnx_sha256", "joint_onnx_sha256", "tower_onnx_sha256")
+                                     if k in states})
     (artifact / CARD_FILE).write_text(json.dumps(card, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     assemble(artifact, models_dir, "int8", force=True, check=True, log=log)  # the build `make models` runs
     log(f"shipped {artifact} ({card['delta']['bytes'] / 1e6:.1f} MB delta) -> {built} in {time.perf_counter() - t0:.0f}s; "

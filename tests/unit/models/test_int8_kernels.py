@@ -18,9 +18,12 @@ from tests.support import avx2_cpu
 
 
 def _feeds(graph: str) -> dict[str, np.ndarray]:
-    """Inputs with wide int8 activations: large random states for the joint graph, random
-    ids for the lower layers (21 x 128, a rerank's passages and its query)."""
+    """Inputs with wide int8 activations: large random states for the joint graph and the
+    tower, random ids for the lower layers (21 x 128, a rerank's passages and its query)."""
     rng = np.random.default_rng(0)
+    if graph == "tower.onnx":
+        return {"states": 4 * rng.standard_normal((20, 128, 384)).astype(np.float32),
+                "attention_mask": np.ones((20, 128), np.int64)}
     if graph == "joint.onnx":
         return {"query_states": 4 * rng.standard_normal((20, 16, 384)).astype(np.float32),
                 "query_mask": np.ones((20, 16), np.int64),
@@ -38,7 +41,7 @@ def test_the_probe_is_a_cached_answer() -> None:
     assert u8s8_saturates.__wrapped__() is first  # type: ignore[attr-defined]  # a fresh probe agrees
 
 
-@pytest.mark.parametrize("graph", ["lower.onnx", "joint.onnx"])
+@pytest.mark.parametrize("graph", ["lower.onnx", "joint.onnx", "tower.onnx"])
 def test_serving_sessions_score_as_the_exact_kernels_do(models_dir: Path, graph: str) -> None:
     """The shipped split reranker's graphs on wide int8 activations (the lower layers' 8-bit
     weights are where fast kernels without VNNI saturate: a state component strays by ~1 on
@@ -72,6 +75,7 @@ def test_seven_bit_weights_cannot_saturate_and_full_range_ones_can(models_dir: P
     shipped = models_dir / "e5-small-split-reranker-int8"
     assert not int8_weights_cannot_saturate(shipped / "lower.onnx")  # 8-bit: must equal the embedder's
     assert int8_weights_cannot_saturate(shipped / "joint.onnx")  # 7-bit (the card's joint_weight_bits)
+    assert int8_weights_cannot_saturate(shipped / "tower.onnx")  # the same layers, the same width
     no_matmul = helper.make_model(helper.make_graph(
         [helper.make_node("Identity", ["x"], ["y"])], "none",
         [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
@@ -96,7 +100,7 @@ for weight in (127, 64):
     y = fast.run(None, {{"a": np.full((8, 64), 255, np.uint8)}})[0]
     print("fast exact at", weight, bool((y == 255 * 64 * weight).all()), "needs exact kernels",
           needs_exact_kernels(_worst_case_matmul(weight)))
-for graph in ("lower.onnx", "joint.onnx"):
+for graph in ("lower.onnx", "joint.onnx", "tower.onnx"):
     path = Path({reranker!r}) / graph
     feeds = _feeds(graph)
     served = make_session(path, 1).run(None, feeds)[0]
@@ -113,8 +117,8 @@ def test_as_an_avx2_cpu_serving_runs_exact_kernels_unless_weights_fit_seven_bits
     """The probe's other branch, on this machine: under the AVX2 shim the fast kernels
     saturate on full-range weights (so the probe says so, and the shipped lower layers' fast
     states stray), serving's session still gives the exact kernels' outputs bit for bit, and
-    7-bit weights (a worst-case matmul, the shipped joint layers) are exact on the fast
-    kernels, so serving keeps them there."""
+    7-bit weights (a worst-case matmul, the shipped joint layers and tower) are exact on the
+    fast kernels, so serving keeps them there."""
     reason = avx2_cpu.unavailable()
     if reason:
         pytest.skip(f"cannot run as an AVX2 CPU here: {reason}")
@@ -131,3 +135,4 @@ def test_as_an_avx2_cpu_serving_runs_exact_kernels_unless_weights_fit_seven_bits
     assert lower.startswith("lower.onnx needs exact kernels True served == exact True")
     assert float(lower.rsplit(" ", 1)[1]) > 0.01  # the shim took effect on a real graph
     assert "joint.onnx needs exact kernels False served == exact True fast strays 0.0" in lines
+    assert "tower.onnx needs exact kernels False served == exact True fast strays 0.0" in lines

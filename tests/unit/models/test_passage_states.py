@@ -176,7 +176,7 @@ def test_shipped_reranker_cut_matches_the_one_graph(models_dir: Path, tmp_path: 
     assert manifest["states"]["lower_onnx_sha256"] == card["builds"]["int8"]["lower_onnx_sha256"]
     assert manifest["states"]["joint_onnx_sha256"] == card["builds"]["int8"]["joint_onnx_sha256"]
     assert (model_dir / MODEL_FILE).is_file()
-    ce = OnnxCrossEncoder(model_dir)
+    ce = OnnxCrossEncoder(model_dir, scoring="joint")  # the towers: test_towers.py
     # A rerank: one query, its candidates. Cut graphs on exact states = the one graph, up
     # to float noise, pair by pair (so that both see the same batch: the dynamic int8
     # activation scales are taken over a whole call), where the joint layers carry the one
@@ -189,7 +189,7 @@ def test_shipped_reranker_cut_matches_the_one_graph(models_dir: Path, tmp_path: 
         (eight_bit / f.name).symlink_to(f)
     (eight_bit / "joint.onnx").unlink()
     write_joint(eight_bit / "joint.onnx", 8)
-    cut = OnnxCrossEncoder(eight_bit)
+    cut = OnnxCrossEncoder(eight_bit, scoring="joint")
     one_query = [("what is term life insurance", p) for _, p in PAIRS]
     passages = [p for _, p in one_query]
     for pair in one_query:
@@ -209,7 +209,7 @@ def test_shipped_reranker_cut_matches_the_one_graph(models_dir: Path, tmp_path: 
     # Compact (96-dim PCA) states: about a quarter of the bytes; logits move more (same
     # measurement: mean |d| 0.36 / 0.34, max 1.35 / 1.66; the reranker before it max 1.40 /
     # 1.78; this test's long repetitive passage moves 1.92), so they are opt-in and keyed apart.
-    compact = OnnxCrossEncoder(model_dir, compact_states=True)
+    compact = OnnxCrossEncoder(model_dir, compact_states=True, scoring="joint")
     assert compact.states_key and compact.states_key != ce.states_key
     small, full = compact.passage_states(passages), ce.passage_states(passages)
     assert all(3.9 * len(a) < len(b) for a, b in zip(small, full))  # 98 vs 386 bytes a token

@@ -50,6 +50,17 @@ def test_assembly_is_deterministic_and_hash_checked(tmp_path: Path) -> None:
     again = assemble(art, tmp_path / "b", log=lambda _: None)  # a second build: same bytes
     assert read_manifest(again, "cross-encoder")["onnx_sha256"] == sha
     assert (again / GATE_FILE).is_file() and (again / CARD_FILE).is_file()
+    # The towers come with every build (README "Two towers"); the card picks what is served,
+    # and a card that changes its pick is built again.
+    manifest = read_manifest(again, "cross-encoder")
+    assert manifest["scoring"] == "joint" and (again / manifest["states"]["tower_file"]).is_file()
+    assert manifest["states"]["tower_onnx_sha256"] == sha256_file(again / "tower.onnx")
+    card["scoring"] = "towers"
+    (art / CARD_FILE).write_text(json.dumps(card))
+    logged: list[str] = []
+    assemble(art, tmp_path / "b", log=logged.append)
+    assert read_manifest(again, "cross-encoder")["scoring"] == "towers" and "up to date" not in logged[-1]
+    del card["scoring"]
 
     card["builds"]["int8"] = {"onnx_sha256": "0" * 64}
     (art / CARD_FILE).write_text(json.dumps(card))
@@ -78,6 +89,8 @@ def test_the_shipped_artifact_is_complete_and_small() -> None:
         assert "GPL-3.0" in card["training"]["data_licence"]
         gate = json.loads((art / GATE_FILE).read_text())
         assert gate["passed"] and gate["onnx_sha256"] == card["builds"]["int8"]["onnx_sha256"]
+        # The gate measured the scoring the card serves (README "Two towers").
+        assert gate.get("scoring", "joint") == card.get("scoring", "joint")
 
 
 def test_every_carded_artifact_builds(tmp_path: Path, monkeypatch) -> None:
