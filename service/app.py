@@ -21,7 +21,7 @@ from service.ledger.operations import LedgerOperations
 from service.ledger.writer import AttemptWriter
 from service.models.base import CrossEncoderBackend, EmbeddingBackend, PassagesWithStates
 from service.models.runtime import ModelRuntime
-from service.models.towers import SCORING_JOINT, served_scoring
+from service.models.towers import SCORING_JOINT, SCORING_TOWERS, served_scoring
 from service.observability.metrics import ServiceMetrics
 from service.observability.tracing import Tracer
 from service.pipeline.attempt import AttemptRunner
@@ -331,7 +331,7 @@ class App:
         reranker = choice.backend
         if reranker is not None:
             log.info("reranker %s scores %s", reranker.info.model_id,
-                     "as two towers" if reranker.scoring == "towers" else "jointly")
+                     "as two towers" if reranker.scoring == SCORING_TOWERS else "jointly")
         if choice.reason and cfg.reranker_model:
             log.warning("rerank leg off: %s", choice.reason)
         metrics = ServiceMetrics()

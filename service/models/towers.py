@@ -22,6 +22,7 @@ TOWER_HEAD_FILE = "tower_head.npz"
 # The manifest's ``scoring``: what a split reranker's artifact was measured serving.
 SCORING_JOINT = "joint"
 SCORING_TOWERS = "towers"
+SCORING_CHOICES = ("auto", SCORING_JOINT, SCORING_TOWERS)  # rerank_scoring
 
 
 def save_tower_head(path: Path, w: F32, b: float) -> None:
@@ -43,9 +44,6 @@ def tower_logits(query_vectors: F32, passage_vectors: F32, w: F32, b: float) -> 
     ``MatMul(q * p, w) + b`` on vectors pooled without cross attention)."""
     out: F32 = ((np.asarray(query_vectors, np.float32) * np.asarray(passage_vectors, np.float32)) @ w + b).astype(np.float32)
     return out
-
-
-SCORING_CHOICES = ("auto", SCORING_JOINT, SCORING_TOWERS)
 
 
 def served_scoring(manifest: dict[str, object], requested: str = "auto") -> str:
