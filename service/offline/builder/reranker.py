@@ -127,7 +127,14 @@ def _is_current(final: Path, delta_sha: str, projection_sha: str | None, scoring
         return False
     return (m.get("artifact", {}).get("delta_sha256") == delta_sha and m.get("assembly_version") == ASSEMBLY_VERSION
             and m.get("states", {}).get("projection_sha256") == projection_sha and m.get("scoring") == scoring
-            and all((final / f).is_file() for f in (MODEL_FILE, TOKENIZER_FILE, LOWER_FILE, JOINT_FILE)))
+            and all((final / f).is_file() for f in (MODEL_FILE, TOKENIZER_FILE, *_state_files(m))))
+
+
+def _state_files(manifest: dict[str, Any]) -> list[str]:
+    """Every file the manifest's two-graph layout names (graphs, tower head, projection): a
+    build missing one is not current."""
+    states = manifest.get("states") or {}
+    return [str(v) for k, v in states.items() if k.endswith("_file")] or [LOWER_FILE, JOINT_FILE]
 
 
 def assemble(src_dir: Path, out_dir: Path, precision: str = "int8", *, force: bool = False, check: bool = True,

@@ -60,6 +60,9 @@ def test_assembly_is_deterministic_and_hash_checked(tmp_path: Path) -> None:
     logged: list[str] = []
     assemble(art, tmp_path / "b", log=logged.append)
     assert read_manifest(again, "cross-encoder")["scoring"] == "towers" and "up to date" not in logged[-1]
+    (again / "tower_head.npz").unlink()  # a build missing a file its manifest names is built again
+    assemble(art, tmp_path / "b", log=logged.append)
+    assert (again / "tower_head.npz").is_file() and "up to date" not in logged[-1]
     del card["scoring"]
 
     card["builds"]["int8"] = {"onnx_sha256": "0" * 64}
