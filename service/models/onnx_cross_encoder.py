@@ -168,16 +168,20 @@ class OnnxCrossEncoder(CrossEncoderBackend):
     def _tower_vectors(self, states: list[np.ndarray]) -> list[np.ndarray]:
         """The tower on each row's [tokens, hidden] states -> a [1, hidden] vector each, one
         call per row, as ``_lower_states`` (a vector depends on its own text alone)."""
-        out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(states)
 
-        def run(group: list[int]) -> np.ndarray:
-            x, mask = pad_states([states[i] for i in group], states[group[0]].shape[1])
+        def run(i: int) -> np.ndarray:
+            x, mask = pad_states([states[i]], states[i].shape[1])
             return np.asarray(self._tower.run(None, {"states": x, "attention_mask": mask})[0], dtype=np.float32)
 
-        for group, vectors in self._by_length([len(s) for s in states], run, rows=1):
-            for j, i in enumerate(group):
-                out[i] = vectors[j : j + 1]
-        return out
+        return self._each_alone([len(x) for x in states], run)
+
+    def _blobs(self, rows: list[list[int]]) -> list[bytes]:
+        """What this model stores for passage token rows, encoded: each row's states, or its
+        tower vector (towers)."""
+        computed = self._lower_states(rows)
+        if self.scoring == SCORING_TOWERS:
+            computed = self._tower_vectors(computed)
+        return [self._codec.encode(x) for x in computed]
 
     def _passage_rows(self, passages: list[str]) -> list[list[int]]:
         encoded = self._tokenizer.encode_batch(passages, add_special_tokens=False)
@@ -191,15 +195,18 @@ class OnnxCrossEncoder(CrossEncoderBackend):
         and written back, or computed again are the same bytes, and what a rerank reads
         does not depend on which queries ran before it. Costs nothing measurable against
         groups of 2 (README "Cached passage states")."""
-        out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(rows)
+        def run(i: int) -> np.ndarray:
+            ids, mask = pad_rows([rows[i]], self._pad_id)
+            return np.asarray(self._lower.run(None, {"input_ids": ids, "attention_mask": mask})[0][0], dtype=np.float32)
 
-        def run(group: list[int]) -> np.ndarray:
-            ids, mask = pad_rows([rows[i] for i in group], self._pad_id)
-            return np.asarray(self._lower.run(None, {"input_ids": ids, "attention_mask": mask})[0], dtype=np.float32)
+        return self._each_alone([len(r) for r in rows], run)
 
-        for group, states in self._by_length([len(r) for r in rows], run, rows=1):
-            for j, i in enumerate(group):
-                out[i] = states[j, : len(rows[i])]
+    def _each_alone(self, lengths: list[int], run: Callable[[int], np.ndarray]) -> list[np.ndarray]:
+        """``run(i)`` for every row, a call of its own, on the fan-out pool when there is one
+        (length order, as ``_by_length``): results by row."""
+        out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(lengths)
+        for group, result in self._by_length(lengths, lambda g: run(g[0]), rows=1):
+            out[group[0]] = result
         return out
 
     def _by_length(self, lengths: list[int], fn: Callable[[list[int]], T],
@@ -216,10 +223,7 @@ class OnnxCrossEncoder(CrossEncoderBackend):
             return super().passage_states(passages)
         if not passages:
             return []
-        lower = self._lower_states(self._passage_rows(passages))
-        if self.scoring == SCORING_TOWERS:
-            return [self._codec.encode(v) for v in self._tower_vectors(lower)]
-        return [self._codec.encode(x) for x in lower]
+        return self._blobs(self._passage_rows(passages))
 
     def tokenize_with_states(self, pairs: list[tuple[str, str]], states: Sequence[bytes | None]) -> Encoded:
         if self.states_key is None:
@@ -250,19 +254,24 @@ class OnnxCrossEncoder(CrossEncoderBackend):
             "missing_rows": self._passage_rows([pairs[i][1] for i in missing]) if missing else [],
         })
 
+    def _stored_or_computed(self, ex: dict[str, Any]) -> dict[int, np.ndarray]:
+        """Each pair's passage, by row: its stored form decoded, or computed now through the
+        same codec (so a head that mixes stored and computed ones ranks them alike: a
+        projection shifts logits), the computed blobs kept in ``ex`` for a write-back."""
+        per_row: dict[int, np.ndarray] = dict(ex["stored"])
+        if ex["missing"]:
+            blobs = self._blobs(ex["missing_rows"])
+            per_row.update(zip(ex["missing"], self._codec.decode_many(blobs)))
+            ex["computed_states"] = dict(zip(ex["missing"], blobs))
+        return per_row
+
     def _infer_with_states(self, encoded: Encoded) -> FloatArray:
         if self.scoring == SCORING_TOWERS:
             return self._infer_towers(encoded)
         ex = encoded.extra
         n = encoded.batch_size
         q_states = self._lower_states(ex["query_rows"])
-        per_row: dict[int, np.ndarray] = dict(ex["stored"])
-        if ex["missing"]:
-            # Through the same codec as the stored ones, so a head that mixes stored and
-            # computed states ranks them alike (a projection shifts logits).
-            blobs = [self._codec.encode(x) for x in self._lower_states(ex["missing_rows"])]
-            per_row.update(zip(ex["missing"], self._codec.decode_many(blobs)))
-            ex["computed_states"] = dict(zip(ex["missing"], blobs))  # for a write-back
+        per_row = self._stored_or_computed(ex)
         hidden = q_states[0].shape[1]
 
         qx, qmask = pad_states(q_states, hidden)
@@ -285,11 +294,7 @@ class OnnxCrossEncoder(CrossEncoderBackend):
         the codec, as stored ones are), then the head on each pair's two vectors."""
         ex = encoded.extra
         q_vectors = np.concatenate(self._tower_vectors(self._lower_states(ex["query_rows"])))
-        per_row: dict[int, np.ndarray] = dict(ex["stored"])
-        if ex["missing"]:
-            blobs = [self._codec.encode(v) for v in self._tower_vectors(self._lower_states(ex["missing_rows"]))]
-            per_row.update(zip(ex["missing"], self._codec.decode_many(blobs)))
-            ex["computed_states"] = dict(zip(ex["missing"], blobs))  # for a write-back
+        per_row = self._stored_or_computed(ex)
         p_vectors = np.concatenate([per_row[i] for i in range(encoded.batch_size)])
         return tower_logits(q_vectors[ex["query_of"]], p_vectors, self._head_w, self._head_b)
 

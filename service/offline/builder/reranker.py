@@ -132,9 +132,8 @@ def _is_current(final: Path, delta_sha: str, projection_sha: str | None, scoring
 
 def _state_files(manifest: dict[str, Any]) -> list[str]:
     """Every file the manifest's two-graph layout names (graphs, tower head, projection): a
-    build missing one is not current."""
-    states = manifest.get("states") or {}
-    return [str(v) for k, v in states.items() if k.endswith("_file")] or [LOWER_FILE, JOINT_FILE]
+    build missing one is not current. (Every build of this assembly version has the layout.)"""
+    return [str(v) for k, v in (manifest.get("states") or {}).items() if k.endswith("_file")]
 
 
 def assemble(src_dir: Path, out_dir: Path, precision: str = "int8", *, force: bool = False, check: bool = True,
