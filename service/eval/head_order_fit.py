@@ -37,20 +37,21 @@ class Head:
     signals: dict[str, list[float | None]]
     relevant: set[str]
     query: str = ""
+    qid: str = ""  # the dump's key for the question
 
 
 def load_heads(path: Path) -> list[Head]:
     """The reranked head of every non-degraded query in a hybrid+rerank item dump."""
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     heads = []
-    for record in data.values():
+    for qid, record in data.items():
         if record.get("degraded"):
             continue
         rows = [r for r in record["items"] if column(r, "rerank") is not None]
         if len(rows) < 2:
             continue
         heads.append(Head([str(column(r, "source_id")) for r in rows], {f: [column(r, f) for r in rows] for f in FEATURES},
-                          set(record["relevant"]), str(record.get("query", ""))))
+                          set(record["relevant"]), str(record.get("query", "")), str(qid)))
     return heads
 
 
@@ -82,10 +83,26 @@ def served_ndcg(path: Path) -> dict[str, float]:
 def compare_runs(base: Path, new: Path, seed: int = 0) -> dict[str, float | int]:
     """``new`` against ``base`` on the questions both dumps hold: their means, the paired
     difference and its 95 % bootstrap interval."""
-    a, b = served_ndcg(new), served_ndcg(base)
+    return _paired(served_ndcg(new), served_ndcg(base), seed,
+                   f"compare: {base} and {new} share no question (different --split/--sample/--seed?)")
+
+
+def compare_heads(base: Path, new: Path, order: HeadOrder, cjk: bool, seed: int = 0) -> dict[str, float | int]:
+    """Like ``compare_runs``, with both runs' reranked heads put in ``order`` first (e.g.
+    ``HeadOrder.from_alpha(1.0)``: each reranker alone), on the questions both reranked."""
+    def by_query(path: Path) -> dict[str, float]:
+        heads = load_heads(path)
+        return dict(zip((h.qid for h in heads), per_query(heads, order, cjk)))
+
+    return _paired(by_query(new), by_query(base), seed, f"compare: {base} and {new} share no reranked question")
+
+
+def _paired(a: dict[str, float], b: dict[str, float], seed: int, none_shared: str) -> dict[str, float | int]:
+    """Per-question scores of a new run (``a``) and a base run (``b``) on the questions both
+    hold: their means, the paired difference and its 95 % bootstrap interval."""
     common = [q for q in b if q in a]
     if not common:
-        raise SystemExit(f"compare: {base} and {new} share no question (different --split/--sample/--seed?)")
+        raise SystemExit(none_shared)
     mean, lo, hi = paired_ci([a[q] for q in common], [b[q] for q in common], seed=seed)
     return {"questions": len(common), "only_base": len(b) - len(common), "only_new": len(a) - len(common),
             "base": statistics.fmean(b[q] for q in common), "new": statistics.fmean(a[q] for q in common),
@@ -142,9 +159,14 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--base", type=Path, required=True, help="item dump of the run to compare against")
     c.add_argument("--new", type=Path, required=True, help="item dump of the run being measured")
     c.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    c.add_argument("--alpha", type=float, default=None,
+                   help="compare the reranked heads re-ordered by this interpolation (1.0: each reranker alone) "
+                        "instead of the lists as served")
+    c.add_argument("--cjk", action="store_true", help="with --alpha: the Han-script weights (no effect on an alpha)")
     a = p.parse_args(argv)
     if a.cmd == "compare":
-        r = compare_runs(a.base, a.new, a.seed)
+        r = (compare_runs(a.base, a.new, a.seed) if a.alpha is None
+             else compare_heads(a.base, a.new, HeadOrder.from_alpha(a.alpha), a.cjk, a.seed))
         print(f"{r['questions']} questions in both (only in base {r['only_base']}, only in new {r['only_new']}): "
               f"nDCG@10 {r['base']:.4f} -> {r['new']:.4f}, {r['diff']:+.4f} "
               f"(95 % paired bootstrap {r['ci_low']:+.4f}..{r['ci_high']:+.4f})")

@@ -24,6 +24,14 @@ BM25/dense negatives remain once their judged answers and near-duplicates of the
 out: the same questions are answerable elsewhere in training, so no topic can tell "no
 answer"; ``answers_removed_lists``), or ``both``.
 
+With ``--towers`` the cross attention is cut for good (its bias at -1e4, frozen: the joint
+forward then scores exactly as the served two towers do, README "Two towers") and each
+question's softmax runs over every passage of the step: its own group plus the other
+groups' passages as in-batch negatives (``in_batch_loss``; another judged answer of the
+question is masked, not counted as a negative). The towers encode each passage once for all
+questions, so the extra columns cost nothing; ``split_export --ship`` gives such a run's card
+``scoring: towers``.
+
 ``split cache --source bge-small-en`` caches bge-small-en v1.5's lower layers instead (from its
 fp32 Maven jar; the pack's texts re-tokenized with its tokenizer, queries with its
 instruction); ``train`` reads the source from the cache and pools as it embeds (the first
@@ -313,25 +321,72 @@ def make_upper(src: Any, layout: SplitLayout, n_upper: int, dropout: float, cros
             for j, layer in enumerate(self.layers):
                 x = layer(x, ext + cross * self.cross_bias[j][None, :, None, None])
             sq = q.shape[1]
-
-            def pooled_l2(h: Any, m: Any) -> Any:
-                if pool == "cls":
-                    v = h[:, 0]
-                else:
-                    m = m.float()[:, :, None]
-                    v = (h * m).sum(1) / m.sum(1).clamp_min(1e-9)
-                return v / v.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-
-            logit = (pooled_l2(x[:, :sq], qm) * pooled_l2(x[:, sq:], pm)) @ self.head_w + self.head_b
+            logit = (pooled_l2(x[:, :sq], qm, pool) * pooled_l2(x[:, sq:], pm, pool)) @ self.head_w + self.head_b
             if maxsim:
                 logit = logit + self.maxsim_w * maxsim_score(x[:, :sq], qm, x[:, sq:], pm)
             return logit
+
+        def tower(self, h: Any, m: Any) -> Any:
+            """One side alone through the upper layers (padding masked, nothing across),
+            pooled and L2-normalised: what the served ``tower.onnx`` computes."""
+            ext = (1.0 - m.float()[:, None, None, :]) * -10000.0
+            for layer in self.layers:
+                h = layer(h, ext)
+            return pooled_l2(h, m, pool)
 
     model = Upper()
     with torch.no_grad():
         for layer, lw in zip(model.layers, src.weights.layers[layout.lower : layout.lower + n_upper]):
             load_layer(cast(Layer, layer), lw)
     return model
+
+
+def pooled_l2(h: Any, m: Any, pool: str) -> Any:
+    """A segment's vector as the backbone embeds (e5: the mean over its tokens; bge: the
+    first token), L2-normalised."""
+    if pool == "cls":
+        v = h[:, 0]
+    else:
+        m = m.float()[:, :, None]
+        v = (h * m).sum(1) / m.sum(1).clamp_min(1e-9)
+    return v / v.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+
+
+TOWERS_CUT_BIAS = -1.0e4  # --towers: cross attention cut, so the joint forward scores as the two towers do
+
+
+def tower_vectors(model: Any, items: list[npt.NDArray[np.float16]], micro: int, bf16: bool) -> Any:
+    """[n, hidden] tower vectors of ``items`` (one side's states each) in the input order,
+    run in length-sorted micro-batches."""
+    import torch
+
+    order = np.argsort([len(a) for a in items], kind="stable")
+    parts, index = [], []
+    for s in range(0, len(order), micro):
+        sel = order[s : s + micro]
+        x, m = pad_states([items[i] for i in sel])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            parts.append(model.tower(x, m).float())
+        index.append(sel)
+    flat = torch.cat(parts)
+    return flat[torch.from_numpy(np.argsort(np.concatenate(index), kind="stable").astype(np.int64))]
+
+
+def in_batch_loss(model: Any, q_items: list[Any], p_items: list[Any], group: int, same_answer: npt.NDArray[np.bool_],
+                  micro: int, bf16: bool) -> Any:
+    """Listwise softmax of each question over every passage of the step (``--towers``): its
+    own group (1 positive + ``group - 1`` mined negatives) and the other questions' groups
+    as in-batch negatives. ``same_answer[i, j]``: passage j is a judged answer of question
+    i other than its own positive column (masked out, not counted as a negative). The two
+    towers make the extra columns free: each passage is encoded once for every question."""
+    import torch
+
+    qv = tower_vectors(model, q_items, micro, bf16)
+    pv = tower_vectors(model, p_items, micro, bf16)
+    logits = (qv * model.head_w) @ pv.T + model.head_b
+    logits = logits.masked_fill(torch.from_numpy(same_answer), float("-inf"))
+    target = torch.arange(len(q_items), dtype=torch.long) * group
+    return torch.nn.functional.cross_entropy(logits, target)
 
 
 def grow_below(delta: dict[str, Any], fresh: dict[str, Any], k: int) -> dict[str, Any]:
@@ -539,6 +594,16 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit(f"--init-from {args.init_from}: not a delta of {args.upper} joint layers of this model "
                              f"({exc})") from exc
         _log(f"initialised from {args.init_from} (cross bias mean {float(model.cross_bias.detach().mean()):.2f})")
+    if args.towers:
+        if args.maxsim or args.teacher is not None or args.null_weight > 0:
+            raise SystemExit("--towers trains the two towers on answerable lists: not with --maxsim, --teacher or "
+                             "--null-weight")
+        # Cut the cross attention for good: the joint forward (evaluation, export) then scores
+        # exactly as the towers serve, and the bias gets no gradient.
+        with torch.no_grad():
+            model.cross_bias.fill_(TOWERS_CUT_BIAS)
+        model.cross_bias.requires_grad_(False)
+        _log(f"towers: cross attention cut, in-batch negatives over {args.batch_groups * args.group} passages a question")
     teacher = _load_teacher(args, pack)
     groups_per_step = args.batch_groups
     rng = np.random.default_rng(args.seed)
@@ -634,22 +699,33 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             group_docs.append(docs)
             qs += [states[lang].train_q[qi]] * len(docs)
             ps += [states[lang].docs[x] for x in docs]
-        null_batch = [nulls[int(i)] for i in rng.choice(len(nulls), size=args.null_groups)] if nulls else []
-        for nl in null_batch:
-            docs = [int(x) for x in rng.choice(nl.candidates, size=args.group, replace=len(nl.candidates) < args.group)]
-            qs += [nl.question_states(states[nl.lang])] * len(docs)
-            ps += [states[nl.lang].docs[x] for x in docs]
-        all_logits = forward_pairs(model, qs, ps, args.micro, bf16).view(len(batch) + len(null_batch), args.group)
-        logits = all_logits[: len(batch)]
-        if nulls:
-            loss, null_loss = null_column_losses(logits, all_logits[len(batch):], args.null_logit)
-            null_losses.append(float(null_loss.detach()))
+        if args.towers:
+            flat = [x for docs in group_docs for x in docs]
+            same = np.zeros((len(batch), len(flat)), dtype=np.bool_)
+            for i, (lang, qi) in enumerate(batch):
+                answers = {int(x) for x in pack.langs[lang].train_pos[qi]}
+                # Doc indices are the answer ids' order, the same in every language of the pack, so
+                # this also masks the other language's copy of a judged answer.
+                same[i] = [x in answers for x in flat]
+                same[i, i * args.group] = False
+            loss = in_batch_loss(model, qs[:: args.group], ps, args.group, same, args.micro, bf16)
         else:
-            loss = torch.nn.functional.cross_entropy(logits, torch.zeros(len(batch), dtype=torch.long))
-        if teacher is not None:
-            loss = (1.0 - args.distill) * loss + args.distill * distill_loss(logits, teacher, batch, group_docs, args.distill_temp)
-        if nulls:
-            loss = loss + args.null_weight * null_loss
+            null_batch = [nulls[int(i)] for i in rng.choice(len(nulls), size=args.null_groups)] if nulls else []
+            for nl in null_batch:
+                docs = [int(x) for x in rng.choice(nl.candidates, size=args.group, replace=len(nl.candidates) < args.group)]
+                qs += [nl.question_states(states[nl.lang])] * len(docs)
+                ps += [states[nl.lang].docs[x] for x in docs]
+            all_logits = forward_pairs(model, qs, ps, args.micro, bf16).view(len(batch) + len(null_batch), args.group)
+            logits = all_logits[: len(batch)]
+            if nulls:
+                loss, null_loss = null_column_losses(logits, all_logits[len(batch):], args.null_logit)
+                null_losses.append(float(null_loss.detach()))
+            else:
+                loss = torch.nn.functional.cross_entropy(logits, torch.zeros(len(batch), dtype=torch.long))
+            if teacher is not None:
+                loss = (1.0 - args.distill) * loss + args.distill * distill_loss(logits, teacher, batch, group_docs, args.distill_temp)
+            if nulls:
+                loss = loss + args.null_weight * null_loss
         optimizer_step(model, opt, loss)
         step += 1
         train_seconds += time.perf_counter() - t0
@@ -660,7 +736,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             mean_loss = float(np.mean(losses[-args.log_every:]))
             bias = model.cross_bias.detach().mean().item()
             null_mean = float(np.mean(null_losses[-args.log_every:])) if null_losses else None
-            _log(f"step {step} loss {mean_loss:.3f} (chance {math.log(args.group + bool(nulls)):.3f}) progress {progress():.1%} "
+            columns = args.group * (groups_per_step if args.towers else 1) + bool(nulls)
+            _log(f"step {step} loss {mean_loss:.3f} (chance {math.log(columns):.3f}) progress {progress():.1%} "
                  f"{rate:.0f} pairs/s cross_bias {bias:.2f} eta {eta / 60:.1f} min"
                  + (f" null loss {null_mean:.3f}" if null_mean is not None else "")
                  + (f" maxsim_w {float(model.maxsim_w.detach()):.2f}" if args.maxsim else ""))
@@ -856,6 +933,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="answers-removed: skip a question left with fewer first-stage negatives")
     p.add_argument("--null-near-duplicate", type=float, default=0.6,
                    help="answers-removed: token Jaccard with a judged answer at which a negative counts as one")
+    p.add_argument("--towers", action="store_true",
+                   help="train the two towers (README \"Two towers\"): cross attention cut for good, each question "
+                        "scored against every passage of the step (its own group and the other groups' as "
+                        "in-batch negatives)")
     p.add_argument("--maxsim", action="store_true",
                    help="add a learned MaxSim (late interaction) term over the joint layers' token states to the head")
     p.add_argument("--maxsim-init", type=float, default=0.0,

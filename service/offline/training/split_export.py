@@ -271,6 +271,7 @@ def ship(weights_dir: Path, pack_dir: Path, artifact: Path, models_dir: Path, *,
     from service.models._ort import make_session
     from service.offline.builder.e5 import SOURCE_FILE, SOURCE_PACKAGE, SOURCE_VERSION, source_bin
     from service.offline.builder.q4bin import read_e5_bin
+    from service.models.towers import SCORING_TOWERS
     from service.offline.builder.reranker import CARD_FILE, DELTA_FILE, JOINT_WEIGHT_BITS, assemble, save_delta
     from service.models.manifest import TOKENIZER_FILE, sha256_file
     from service.offline.training.pack import default_model_dir
@@ -288,6 +289,9 @@ def ship(weights_dir: Path, pack_dir: Path, artifact: Path, models_dir: Path, *,
     log(f"calibrated: {calibration}")
     stored = save_delta(tensors, artifact / DELTA_FILE)
     pack_manifest = json.loads((pack_dir / "manifest.json").read_text(encoding="utf-8"))
+    # A run trained as two towers (``split train --towers``) is served as it was trained; any
+    # other run serves its joint graph until a gate measured in towers mode says otherwise.
+    towers = str((meta.get("args") or {}).get("towers")) == "True"
     card: dict[str, Any] = {
         "card_version": 1,
         "name": artifact.name,
@@ -295,8 +299,10 @@ def ship(weights_dir: Path, pack_dir: Path, artifact: Path, models_dir: Path, *,
         "architecture": ARCHITECTURE,
         "summary": ("Split (PreTTR-style) cross-encoder over multilingual-e5-small: the first "
                     f"{layout.lower} layers encode query and passage separately (the bi-encoder's own, frozen), "
-                    f"the last {n_upper} run jointly with a learned cross-attention bias; the head is Platt-calibrated "
-                    "so sigmoid(logit) is a probability of relevance."
+                    + (f"the last {n_upper} were trained as two towers (each side alone, cross attention cut, in-batch "
+                       "negatives) and are served so; " if towers else
+                       f"the last {n_upper} run jointly with a learned cross-attention bias; ")
+                    + "the head is Platt-calibrated so sigmoid(logit) is a probability of relevance."
                     + (" The head adds a learned MaxSim (late interaction) term over the joint layers' token states."
                        if maxsim else "")),
         "base": {"package": f"{SOURCE_PACKAGE}=={SOURCE_VERSION}", "file": SOURCE_FILE, "sha256": sha256_file(bin_path),
@@ -326,6 +332,8 @@ def ship(weights_dir: Path, pack_dir: Path, artifact: Path, models_dir: Path, *,
         "toolchain": {"onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__, "torch": torch.__version__},
         "builds": {"int8": {"joint_weight_bits": JOINT_WEIGHT_BITS}},  # what the first assembly below reads
     }
+    if towers:
+        card["scoring"] = SCORING_TOWERS
     (artifact / CARD_FILE).write_text(json.dumps(card, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     built = assemble(artifact, models_dir, "int8", force=True, check=False, log=log)
     onnx_sha = sha256_file(built / "model.onnx")

@@ -133,3 +133,23 @@ def test_compare_pairs_two_runs_on_their_common_questions(tmp_path: Path, capsys
     assert r["diff"] == pytest.approx(0.25, abs=1e-4) and r["ci_low"] <= r["diff"] <= r["ci_high"]
     with pytest.raises(SystemExit, match="share no question"):
         main(["compare", "--base", str(run(tmp_path / "other.json", {"x9": True})), "--new", str(new)])
+
+
+def test_compare_alpha_pairs_the_rerankers_own_orders(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Both runs served the same lists; only "new"'s reranker put the judged answer first.
+    # As served they tie; re-ordered by the logit alone (--alpha 1.0) "new" wins every question.
+    def run(path: Path, answer_logit: float) -> Path:
+        records = {f"q{q}": {"degraded": False, "relevant": [f"q{q}-a"],
+                             "items": [[f"q{q}-{d}", 1.0, 0.8, fused, logit, 0.1]
+                                       for d, fused, logit in (("b", 0.03, 1.0), ("c", 0.02, 0.5),
+                                                               ("a", 0.01, answer_logit))]}
+                   for q in range(3)}
+        path.write_text(json.dumps(records))
+        return path
+
+    base, new = run(tmp_path / "base.json", -1.0), run(tmp_path / "new.json", 3.0)
+    assert main(["compare", "--base", str(base), "--new", str(new)]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["diff"] == 0.0
+    assert main(["compare", "--alpha", "1.0", "--base", str(base), "--new", str(new)]) == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert r["questions"] == 3 and r["new"] == 1.0 and r["base"] == pytest.approx(0.5, abs=1e-4)

@@ -293,6 +293,48 @@ def test_a_maxsim_head_term_is_trained_exported_and_served(tmp_path: Path, e5_in
     assert scores.shape == (2,) and np.isfinite(scores).all()
 
 
+def test_towers_train_with_in_batch_negatives_and_score_as_the_cut_joint_forward(
+        tmp_path: Path, e5_int8_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # --towers cuts the cross attention for good (bias -1e4, no gradient) and scores each
+    # question against every passage of the step. The towers' dot products then equal the
+    # joint forward's logits, which evaluation and export run.
+    pytest.importorskip("torch", reason=TORCH_REASON)
+    import torch
+
+    from service.offline.training.split import (TOWERS_CUT_BIAS, SplitLayout, forward_pairs, in_batch_loss, load_cache,
+                                                load_source, make_upper, tower_vectors)
+
+    pack_dir, cache = _pack_and_cache(tmp_path, e5_int8_dir, monkeypatch)
+    meta, trained = _train_tiny(pack_dir, cache, tmp_path / "towers", "--towers", "--lr", "1e-3")
+    _, still = _train_tiny(pack_dir, cache, tmp_path / "still", "--lr", "0")
+    assert float(np.abs(trained["cross_bias"] - TOWERS_CUT_BIAS).max()) == 0.0
+    assert float(np.abs(trained["layers.0.q.weight"] - still["layers.0.q.weight"]).max()) > 0.0  # it learns
+    with pytest.raises(SystemExit, match="--towers"):
+        _run_tiny(pack_dir, cache, tmp_path / "refused", "--towers", "--maxsim")
+
+    torch.manual_seed(0)
+    model = make_upper(load_source("e5"), SplitLayout(10, 64, 192), 2, 0.0, TOWERS_CUT_BIAS, 20.0)
+    model.eval()
+    states = load_cache(cache, ["user"])["user"]
+    qs = [np.asarray(states.train_q[i]) for i in range(2)]
+    ps = [np.asarray(states.docs[i]) for i in range(4)]
+    with torch.no_grad():
+        qv, pv = tower_vectors(model, qs, 1, False), tower_vectors(model, ps, 3, False)
+        towers = (qv * model.head_w) @ pv.T + model.head_b
+        joint = forward_pairs(model, [q for q in qs for _ in ps], ps * len(qs), 3, False).view(len(qs), len(ps))
+        assert float((towers - joint).abs().max()) < 1e-3
+        # The loss: question i's own positive is column i * group; a column marked as another
+        # judged answer of question i is dropped from its softmax, not counted as a negative.
+        same = np.zeros((2, 4), dtype=np.bool_)
+        plain = in_batch_loss(model, qs, ps, 2, same, 3, False)
+        assert float(plain) == pytest.approx(float(torch.nn.functional.cross_entropy(towers, torch.tensor([0, 2]))), abs=1e-4)
+        same[0, 3] = True
+        masked = in_batch_loss(model, qs, ps, 2, same, 3, False)
+        expect = (torch.nn.functional.cross_entropy(towers[0:1, :3], torch.tensor([0]))
+                  + torch.nn.functional.cross_entropy(towers[1:2], torch.tensor([2]))) / 2
+        assert float(masked) == pytest.approx(float(expect), abs=1e-4)
+
+
 def test_distillation_term_follows_the_teacher_and_skips_unscored_groups() -> None:
     pytest.importorskip("torch", reason=TORCH_REASON)
     import torch
