@@ -704,8 +704,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             same = np.zeros((len(batch), len(flat)), dtype=np.bool_)
             for i, (lang, qi) in enumerate(batch):
                 answers = {int(x) for x in pack.langs[lang].train_pos[qi]}
-                # Doc indices are the answer ids' order, the same in every language of the pack, so
-                # this also masks the other language's copy of a judged answer.
+                # In an InsuranceQA pack a doc index is the same answer in every language, so this
+                # also masks the other language's copy of a judged answer (elsewhere it at most
+                # drops one negative of another language).
                 same[i] = [x in answers for x in flat]
                 same[i, i * args.group] = False
             loss = in_batch_loss(model, qs[:: args.group], ps, args.group, same, args.micro, bf16)

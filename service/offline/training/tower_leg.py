@@ -44,7 +44,7 @@ ALPHAS = (0.5, 0.7, 1.0)
 RRF_K = 60
 
 
-def tower_vectors(session: Any, rag: Ragged, cap: int, batch: int = 1) -> npt.NDArray[np.float32]:
+def onnx_tower_vectors(session: Any, rag: Ragged, cap: int, batch: int = 1) -> npt.NDArray[np.float32]:
     """[n, hidden]: each row's states (first ``cap`` tokens) through the tower graph, in
     length-sorted batches of ``batch``. The default, one row a call, is how serving computes
     a vector (the int8 graph's activation scale is its batch's, so batches move vectors by
@@ -100,7 +100,7 @@ def measure(pack_dir: Path, cache: Path, model: Path, lang: str, cap: int, depth
         path = cache / f"tower-{tag}-{lang}_{name}-cap{min(limit, 9999)}-alone.npy"
         if not path.exists():
             t0 = time.perf_counter()
-            np.save(path, tower_vectors(session, rag, limit))
+            np.save(path, onnx_tower_vectors(session, rag, limit))
             print(f"[tower_leg] {lang} {name}: {len(rag)} vectors in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
         vectors[name] = np.load(path)
     scores = (vectors["valid_q"] * w) @ vectors["docs"].T + b

@@ -11,7 +11,7 @@ import numpy as np
 from service.models.manifest import TOKENIZER_FILE
 from service.offline.builder.tiny_cross_encoder import build_tiny_split_cross_encoder
 from service.offline.training.data import Ragged
-from service.offline.training.tower_leg import tower_vectors
+from service.offline.training.tower_leg import onnx_tower_vectors
 
 HIDDEN = 64  # the tiny model's
 
@@ -26,9 +26,9 @@ def test_batched_tower_vectors_are_each_rows_own(tmp_path: Path, e5_fp32_dir: Pa
     flat = rng.standard_normal((sum(lengths), HIDDEN)).astype(np.float16)
     rag = Ragged(flat, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
     cap = 6
-    got = tower_vectors(session, rag, cap, batch=3)
+    got = onnx_tower_vectors(session, rag, cap, batch=3)
     for i in range(len(rag)):
         row = np.asarray(rag[i][:cap], np.float32)[None]
         alone = session.run(None, {"states": row, "attention_mask": np.ones(row.shape[:2], np.int64)})[0][0]
         np.testing.assert_allclose(got[i], alone, atol=1e-5, err_msg=f"row {i}")
-    assert not np.allclose(got[5], tower_vectors(session, rag, 12, batch=3)[5], atol=1e-3)  # the cap cuts row 5
+    assert not np.allclose(got[5], onnx_tower_vectors(session, rag, 12, batch=3)[5], atol=1e-3)  # the cap cuts row 5
