@@ -253,6 +253,27 @@ def split_judgements(judgements: tuple[Path, Path], lang: str, valid_questions: 
     return part(set(qids) - held), part(held)
 
 
+def sampled_ids(train: Any, valid: Any, rng: random.Random, train_questions: int | None, valid_questions: int,
+                corpus_size: int | None) -> tuple[list[str], list[str], list[str]]:
+    """A pack's train question ids, valid question ids and passage ids in doc-index order
+    (the pack's arrays index them): the samples ``build_pack`` draws from ``rng`` (a
+    language's ``Random(f"{seed}-{lang}")``, which it goes on drawing from), so a tool can
+    rebuild what a pack's indices mean from its manifest (``tower_leg``'s judged answers)."""
+    tq_ids = sorted(train.queries)
+    if train_questions is not None and train_questions < len(tq_ids):
+        tq_ids = sorted(rng.sample(tq_ids, train_questions))
+    vq_ids = sorted(valid.queries)
+    if valid_questions < len(vq_ids):
+        vq_ids = sorted(rng.sample(vq_ids, valid_questions))
+    doc_ids = sorted(train.corpus, key=lambda a: (len(a), a))
+    if corpus_size is not None and corpus_size < len(doc_ids):
+        keep = {d for q in tq_ids for d in train.qrels[q]} | {d for q in vq_ids for d in valid.qrels[q]}
+        rest = sorted(set(doc_ids) - keep)
+        keep |= set(rng.sample(rest, max(0, min(len(rest), corpus_size - len(keep)))))
+        doc_ids = [d for d in doc_ids if d in keep]
+    return tq_ids, vq_ids, doc_ids
+
+
 def build_pack(
     out: Path,
     langs: Sequence[str] = ("en", "zh"),
@@ -306,18 +327,7 @@ def build_pack(
         else:
             train, valid = split_judgements(judgements, lang, valid_questions, seed)
         rng = random.Random(f"{seed}-{lang}")
-        tq_ids = sorted(train.queries)
-        if train_questions is not None and train_questions < len(tq_ids):
-            tq_ids = sorted(rng.sample(tq_ids, train_questions))
-        vq_ids = sorted(valid.queries)
-        if valid_questions < len(vq_ids):
-            vq_ids = sorted(rng.sample(vq_ids, valid_questions))
-        doc_ids = sorted(train.corpus, key=lambda a: (len(a), a))
-        if corpus_size is not None and corpus_size < len(doc_ids):
-            keep = {d for q in tq_ids for d in train.qrels[q]} | {d for q in vq_ids for d in valid.qrels[q]}
-            rest = sorted(set(doc_ids) - keep)
-            keep |= set(rng.sample(rest, max(0, min(len(rest), corpus_size - len(keep)))))
-            doc_ids = [d for d in doc_ids if d in keep]
+        tq_ids, vq_ids, doc_ids = sampled_ids(train, valid, rng, train_questions, valid_questions, corpus_size)
         doc_index = {d: i for i, d in enumerate(doc_ids)}
         documents = corpus_documents(train, doc_ids)
         docs = [passage_text(doc) for doc in documents]

@@ -258,6 +258,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 
+def trained_as_towers(tensors: dict[str, npt.NDArray[np.float32]]) -> bool:
+    """Weights whose cross attention is cut (``split train --towers``): served as the two
+    towers they were trained as. Any other run serves its joint graph until a gate measured
+    in towers mode says otherwise."""
+    from service.offline.training.split import TOWERS_CUT_BIAS
+
+    return bool(np.all(tensors["cross_bias"] == TOWERS_CUT_BIAS))
+
+
 def ship(weights_dir: Path, pack_dir: Path, artifact: Path, models_dir: Path, *, command: str = "",
          calibration_questions: int = 100, parity_questions: int = 8, log: Any = _log) -> dict[str, Any]:
     """The shipping path: Platt-calibrate the head, write the compact artifact (``delta.npz``
@@ -269,9 +278,9 @@ def ship(weights_dir: Path, pack_dir: Path, artifact: Path, models_dir: Path, *,
     import torch
 
     from service.models._ort import make_session
+    from service.models.towers import SCORING_TOWERS
     from service.offline.builder.e5 import SOURCE_FILE, SOURCE_PACKAGE, SOURCE_VERSION, source_bin
     from service.offline.builder.q4bin import read_e5_bin
-    from service.models.towers import SCORING_TOWERS
     from service.offline.builder.reranker import CARD_FILE, DELTA_FILE, JOINT_WEIGHT_BITS, assemble, save_delta
     from service.models.manifest import TOKENIZER_FILE, sha256_file
     from service.offline.training.pack import default_model_dir
@@ -289,9 +298,7 @@ def ship(weights_dir: Path, pack_dir: Path, artifact: Path, models_dir: Path, *,
     log(f"calibrated: {calibration}")
     stored = save_delta(tensors, artifact / DELTA_FILE)
     pack_manifest = json.loads((pack_dir / "manifest.json").read_text(encoding="utf-8"))
-    # A run trained as two towers (``split train --towers``) is served as it was trained; any
-    # other run serves its joint graph until a gate measured in towers mode says otherwise.
-    towers = str((meta.get("args") or {}).get("towers")) == "True"
+    towers = trained_as_towers(tensors)
     card: dict[str, Any] = {
         "card_version": 1,
         "name": artifact.name,

@@ -16,8 +16,8 @@ does, and prints nDCG@10 of:
 - ``rerank(first_stage)`` / ``rerank(first_stage+towers)``: the head of each list (``--depths``)
   reordered by ``alpha * minmax(tower logit) + (1 - alpha) * minmax(list score)``.
 
-Relevance is the pack's own: every judged answer of a valid question in the full corpus,
-rebuilt as the pack built it (its seed and sample). Tower vectors are cached beside the
+Relevance is the pack's own: every judged answer of a valid question in the pack's corpus,
+rebuilt from its manifest with the sampling the pack ran (``pack.sampled_ids``). Tower vectors are cached beside the
 split cache (``tower-<sha12>-*.npy``), so a second run is seconds.
 """
 
@@ -34,9 +34,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from service.models._ort import make_session
+from service.models.base import pad_states
 from service.models.manifest import sha256_file
 from service.models.towers import load_tower_head
 from service.offline.training.data import Ragged, load_pack, ndcg10_from_order
+from service.offline.training.pack import sampled_ids
 from service.offline.training.split import load_cache
 from service.pipeline.fusion import interpolate
 
@@ -49,50 +52,37 @@ def onnx_tower_vectors(session: Any, rag: Ragged, cap: int, batch: int = 1) -> n
     length-sorted batches of ``batch``. The default, one row a call, is how serving computes
     a vector (the int8 graph's activation scale is its batch's, so batches move vectors by
     its rounding; over this measurement by ~0.003 nDCG@10)."""
-    lens = np.minimum(rag.lengths(), cap)
     hidden = int(np.asarray(rag[0]).shape[1])
     out = np.zeros((len(rag), hidden), np.float32)
-    order = np.argsort(lens, kind="stable")
+    order = np.argsort(np.minimum(rag.lengths(), cap), kind="stable")
     for s in range(0, len(order), batch):
         sel = order[s : s + batch]
-        width = int(lens[sel].max())
-        x = np.zeros((len(sel), width, hidden), np.float32)
-        m = np.zeros((len(sel), width), np.int64)
-        for j, i in enumerate(sel):
-            a = np.asarray(rag[i][:cap], np.float32)
-            x[j, : len(a)] = a
-            m[j, : len(a)] = 1
-        out[sel] = session.run(None, {"states": x, "attention_mask": m})[0]
+        x, mask = pad_states([np.asarray(rag[i][:cap], np.float32) for i in sel], hidden)
+        out[sel] = session.run(None, {"states": x, "attention_mask": mask})[0]
     return out
 
 
-def valid_relevance(lang: str, seed: int, questions: int) -> list[set[int]]:
-    """Each packed valid question's judged answers as pack doc indices (pack.build_pack's
-    sample and doc order)."""
+def valid_relevance(manifest: dict[str, Any], lang: str) -> list[set[int]]:
+    """Each packed valid question's judged answers as pack doc indices (the pack's own
+    samples, ``pack.sampled_ids``, from its manifest)."""
     from service.eval.datasets import load_insuranceqa
 
+    if not str(manifest.get("source", {}).get("data", "")).startswith("insuranceqa"):
+        raise SystemExit("tower_leg reads InsuranceQA packs (this one was packed from your own judgements)")
+    settings = manifest["settings"]
     train, valid = load_insuranceqa("train", lang), load_insuranceqa("valid", lang)  # type: ignore[arg-type]
-    rng = random.Random(f"{seed}-{lang}")
-    vq_ids = sorted(valid.queries)
-    if questions < len(vq_ids):
-        vq_ids = sorted(rng.sample(vq_ids, questions))
-    doc_ids = sorted(train.corpus, key=lambda a: (len(a), a))
+    _, vq_ids, doc_ids = sampled_ids(train, valid, random.Random(f"{manifest['seed']}-{lang}"),
+                                     settings["train_questions"], settings["valid_questions"], settings["corpus_size"])
     index = {d: i for i, d in enumerate(doc_ids)}
     return [{index[d] for d in valid.qrels[q] if d in index} for q in vq_ids]
 
 
 def measure(pack_dir: Path, cache: Path, model: Path, lang: str, cap: int, depths: tuple[int, ...]) -> dict[str, Any]:
-    import onnxruntime as ort
-
     pack = load_pack(pack_dir, [lang])
-    if pack.manifest.get("settings", {}).get("train_questions") is not None:
-        raise SystemExit(f"{pack_dir}: a pack of sampled train questions; its valid sample cannot be rebuilt here")
     d = pack.langs[lang]
     states = load_cache(cache, [lang])[lang]
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
     tower = model / "tower.onnx"
-    session = ort.InferenceSession(str(tower), options)
+    session = make_session(tower, 2)  # serving's session, exact int8 kernels where it takes them
     w, b = load_tower_head(model / "tower_head.npz")
     tag = sha256_file(tower)[:12]
     vectors = {}
@@ -104,7 +94,7 @@ def measure(pack_dir: Path, cache: Path, model: Path, lang: str, cap: int, depth
             print(f"[tower_leg] {lang} {name}: {len(rag)} vectors in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
         vectors[name] = np.load(path)
     scores = (vectors["valid_q"] * w) @ vectors["docs"].T + b
-    relevant = valid_relevance(lang, int(pack.manifest["seed"]), len(d.valid_q))
+    relevant = valid_relevance(pack.manifest, lang)
     runs: dict[str, list[float]] = {}
 
     def add(name: str, ranked: list[int], rel: set[int]) -> None:

@@ -335,6 +335,17 @@ def test_towers_train_with_in_batch_negatives_and_score_as_the_cut_joint_forward
         assert float(masked) == pytest.approx(float(expect), abs=1e-4)
 
 
+def test_only_weights_with_the_cross_attention_cut_ship_as_towers() -> None:
+    from service.offline.training.split import TOWERS_CUT_BIAS
+    from service.offline.training.split_export import trained_as_towers
+
+    cut = np.full((3, 12), TOWERS_CUT_BIAS, np.float32)
+    assert trained_as_towers({"cross_bias": cut})
+    shut = cut.copy()
+    shut[2, 5] = -6.5  # shut but learned: the joint graph's, until a towers gate says otherwise
+    assert not trained_as_towers({"cross_bias": shut})
+
+
 def test_distillation_term_follows_the_teacher_and_skips_unscored_groups() -> None:
     pytest.importorskip("torch", reason=TORCH_REASON)
     import torch
