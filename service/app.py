@@ -202,6 +202,12 @@ def resolve_reranker(cfg: Config) -> RerankerChoice:
                                  compact_states=cfg.rerank_states_compact, parallel=cfg.rerank_parallel,
                                  passage_tokens=cfg.rerank_passage_tokens, scoring=scoring)
     order = read_order(path) if cfg.rerank_alpha < 0 else None  # HeadOrderError: startup fails
+    measured_depth = (gate or {}).get("rerank_top_n")
+    if measured_depth is not None and measured_depth != cfg.rerank_top_n:
+        # Not a refusal: the model still beats the hybrid, but its gate, rerank order and
+        # quality calibration were measured on heads of another depth.
+        log.warning("reranker %s: its valid gate was measured reranking %s candidates, this server reranks %s "
+                    "(rerank_top_n)", path.name, measured_depth, cfg.rerank_top_n)
     return RerankerChoice(backend, alpha=_alpha(cfg, gate), model_dir=path, order=order)
 
 

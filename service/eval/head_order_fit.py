@@ -6,6 +6,13 @@ score any order on other dumps (valid).
         --start-alpha 0.7 --out rerank_order.json
     python -m service.eval.head_order_fit score --order rerank_order.json --items VALID.items.json
     python -m service.eval.head_order_fit compare --base A.items.json --new B.items.json
+    python -m service.eval.head_order_fit score --depth 40 --order rerank_order.json --items DEEP.items.json
+
+``--depth D`` (fit, score) reads each head as if the server had reranked only the first D of
+the fused list: the D candidates with the highest fused score. A rerank score does not depend
+on the rest of the head, so one run at a deep ``--rerank-top-n`` answers every shallower depth
+(ties of fused score at the cut may fall either way; the served list breaks them by fusion's
+own order, which the dump does not keep).
 
 Each dump row is a reranked head item with its BM25, dense, fused and rerank scores (the
 server's own values), so the offline order here is the one the server would serve: the
@@ -40,14 +47,17 @@ class Head:
     qid: str = ""  # the dump's key for the question
 
 
-def load_heads(path: Path) -> list[Head]:
-    """The reranked head of every non-degraded query in a hybrid+rerank item dump."""
+def load_heads(path: Path, depth: int | None = None) -> list[Head]:
+    """The reranked head of every non-degraded query in a hybrid+rerank item dump; with
+    ``depth``, only its ``depth`` best by fused score (what a shallower head would have held)."""
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     heads = []
     for qid, record in data.items():
         if record.get("degraded"):
             continue
         rows = [r for r in record["items"] if column(r, "rerank") is not None]
+        if depth is not None:  # stable: equal fused scores keep the dump's order
+            rows = sorted(rows, key=lambda r: -float(column(r, "fused")))[:depth]
         if len(rows) < 2:
             continue
         heads.append(Head([str(column(r, "source_id")) for r in rows], {f: [column(r, f) for r in rows] for f in FEATURES},
@@ -72,8 +82,8 @@ def paired_ci(a: list[float], b: list[float], seed: int = 0, rounds: int = 2000)
 
 
 def served_ndcg(path: Path) -> dict[str, float]:
-    """Per question, nDCG@10 of a dump's list in the order the server returned it (every row
-    up to ``runner.CALIBRATION_ITEMS`` is kept in that order, so the top 10 are whole);
+    """Per question, nDCG@10 of a dump's list in the order the server returned it (the dump
+    keeps every row in that order);
     degraded attempts count with what they returned, as in the eval's own report."""
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     return {qid: ndcg_at_k([str(column(r, "source_id")) for r in record["items"]], set(record["relevant"]), 10)
@@ -134,6 +144,14 @@ def fit_script(heads: list[Head], start: dict[str, float], cjk: bool, rounds: in
     return {f: v for f, v in w.items() if v}, best
 
 
+def _depth(text: str) -> int:
+    """A head depth: at least 10, so the top 10 that nDCG@10 reads is all reranked."""
+    value = int(text)
+    if value < 10:
+        raise argparse.ArgumentTypeError(f"--depth must be at least 10 (nDCG@10 reads 10), got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m service.eval.head_order_fit", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -147,12 +165,16 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--scripts", default="latin,cjk",
                    help="the scripts to fit; the others keep --start-order's weights (a first stage "
                         "that changed for one script only re-fits that one)")
+    f.add_argument("--depth", type=_depth, default=None,
+                   help="fit as if only the first N fused candidates were reranked (a deeper run's dumps)")
     f.add_argument("--out", type=Path, required=True)
     s = sub.add_parser("score", help="mean nDCG@10 of an order (or an alpha) on item dumps")
     s.add_argument("--order", type=Path, default=None)
     s.add_argument("--alpha", type=float, default=None)
     s.add_argument("--items", type=Path, nargs="+", required=True)
     s.add_argument("--cjk", action="store_true", help="score with the Han-script weights")
+    s.add_argument("--depth", type=_depth, default=None,
+                   help="score as if only the first N fused candidates were reranked")
     s.add_argument("--against-alpha", type=float, default=None,
                    help="also print the paired difference to this alpha with a 95 %% bootstrap interval")
     c = sub.add_parser("compare", help="paired nDCG@10 difference between two eval runs of the same questions")
@@ -177,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error("give exactly one of --order and --alpha")
         order = HeadOrder.load(a.order) if a.order else HeadOrder.from_alpha(a.alpha)
         for path in a.items:
-            heads = load_heads(path)
+            heads = load_heads(path, a.depth)
             mine = per_query(heads, order, a.cjk)
             line = f"{path}: {len(heads)} queries, nDCG@10 {statistics.fmean(mine):.4f} ({order.source})"
             if a.against_alpha is not None:
@@ -204,12 +226,13 @@ def main(argv: list[str] | None = None) -> int:
     for script, path, cjk in (("latin", a.train_en, False), ("cjk", a.train_zh, True)):
         if script not in scripts:
             continue
-        heads = load_heads(path)
+        heads = load_heads(path, a.depth)
         start = weights.get(script, alpha_start)
         base = mean_ndcg(heads, HeadOrder.from_alpha(a.start_alpha), cjk)
         started = mean_ndcg(heads, HeadOrder({x: start for x in SCRIPTS}), cjk) if start_order is not None else base
         weights[script], fitted = fit_script(heads, start, cjk)
-        report[script] = {"train_items": str(path), "queries": len(heads), f"ndcg@10_alpha_{a.start_alpha:g}": round(base, 4),
+        report[script] = {"train_items": str(path), "queries": len(heads), **({"depth": a.depth} if a.depth else {}),
+                          f"ndcg@10_alpha_{a.start_alpha:g}": round(base, 4),
                           **({"ndcg@10_start_order": round(started, 4)} if start_order is not None else {}),
                           "ndcg@10_fitted": round(fitted, 4)}
         print(f"{script}: {len(heads)} train queries, nDCG@10 {base:.4f} at alpha {a.start_alpha:g}"

@@ -54,8 +54,6 @@ TOP_K = 100
 NO_BUDGET = 50_000_000
 # ... and no quality gate (0 would mean the server's default min_quality).
 NO_QUALITY_GATE = 1e-12
-# Items per query kept for quality calibration (service/eval/calibration.py).
-CALIBRATION_ITEMS = 20
 
 
 @dataclasses.dataclass
@@ -409,13 +407,13 @@ async def _run_mode(settings: EvalSettings, live: _Live, judged: Judged, model: 
             kind = ev.WhichOneof("event")
             if kind == "evidence":
                 e = ev.evidence
-                if len(rows) < CALIBRATION_ITEMS or not e.HasField("rerank_score"):
-                    # item_dump.ITEM_COLUMNS: [source_id, bm25, dense, fused, rerank, quality,
-                    # latin dense]; None = the leg missed it
-                    rows.append([e.source_id, e.bm25_score if e.HasField("bm25_score") else None,
-                                 e.dense_score if e.HasField("dense_score") else None, e.fused_score,
-                                 e.rerank_score if e.HasField("rerank_score") else None, e.quality,
-                                 e.latin_dense_score if e.HasField("latin_dense_score") else None])
+                # Every item, the whole reranked head included (head_order_fit --depth reads
+                # shallower heads from a deep one). item_dump.ITEM_COLUMNS: [source_id, bm25,
+                # dense, fused, rerank, quality, latin dense]; None = the leg missed it
+                rows.append([e.source_id, e.bm25_score if e.HasField("bm25_score") else None,
+                             e.dense_score if e.HasField("dense_score") else None, e.fused_score,
+                             e.rerank_score if e.HasField("rerank_score") else None, e.quality,
+                             e.latin_dense_score if e.HasField("latin_dense_score") else None])
                 ranked.append(e.source_id)
                 # The leg's own score for single-leg modes (for offline score-fusion studies).
                 score.append(e.bm25_score if mode == "bm25" else e.dense_score if mode == "knn"
@@ -597,15 +595,16 @@ def _write_gate(settings: EvalSettings, results: list[ModeResult], judged: Judge
     # overrode it (app.resolve_reranker): the gate records what was served.
     served_order = None if settings.rerank_alpha is not None else order_sha256(Path(settings.reranker).expanduser())
     # How the server scored pairs: the reranker's own choice unless rerank_scoring forced one.
+    defaults = load_config(None)
     scoring = served_scoring(read_manifest(Path(settings.reranker).expanduser(), "cross-encoder"),
-                             load_config(None).rerank_scoring)
+                             defaults.rerank_scoring)
     gate = update_gate(Path(settings.reranker).expanduser(), settings.lang, hybrid[0].metrics["ndcg@10"],
                        reranked[0].alpha_sweep, full_split=settings.full_split, full_corpus=settings.full_corpus,
                        queries=len(judged.queries),
                        documents=len(judged.corpus), embedder=hybrid[0].model,
                        command=str(settings.extra_meta.get("command", "")),
                        head_order=(served_order, reranked[0].metrics["ndcg@10"]) if served_order else None,
-                       scoring=scoring)
+                       scoring=scoring, rerank_top_n=settings.rerank_top_n or defaults.rerank_top_n)
     _say(settings, f"gate: {'order ' + served_order[:12] if served_order else 'alpha ' + str(gate['alpha'])}, "
                    f"passed={gate['passed']} {gate['reason']}")
     return gate

@@ -13,7 +13,8 @@ twice, the first rerank computes and stores its head's vectors, the second reads
 the same with the joint layers (``rerank_scoring = "joint"``: the query and passage through
 the upper layers together, as served before the towers), with full-width and compact
 (``rerank_states_compact``) stored states: InsuranceQA answers, en and zh (``--docs`` each; the eval extra), else the synthetic
-bench corpus. Prints, per language, the rerank stage's p50 for ``rerank_top_n`` (20) pairs
+bench corpus. Prints, per language, the rerank stage's p50 for ``rerank_top_n`` pairs (the
+config's; ``--rerank-top-n N`` sets it for every server)
 as the pipeline timed it (stored states read + model) and its ratio to recomputation,
 hybrid+rerank Retrieve p50; ingest chunks/s with states against without; and the stored
 bytes per chunk (mean, p95). ``--passage-caps 192`` adds a stored-states server per cap
@@ -59,6 +60,7 @@ from service.eval.metrics import percentile  # noqa: E402
 from service.models import _ort  # noqa: E402
 
 RERANKER = "e5-small-split-reranker-int8"
+RERANK_TOP_N = 0  # --rerank-top-n; 0: the config's
 
 
 def corpus(lang: str, n_docs: int, n_queries: int) -> tuple[list[corpus_pb2.Document], list[str]]:
@@ -120,7 +122,8 @@ async def serve(states: bool, data_dir: Path, docs: list[corpus_pb2.Document],
                 queries: dict[str, list[str]], compact: bool = False, one_graph: bool = False,
                 write_back: bool = False, passage_cap: int | None = None, second_pass: bool = True,
                 models_dir: Path | None = None, scoring: str = "auto") -> Run:
-    cfg = dataclasses.replace(load_config(None), data_dir=data_dir, reranker_model=RERANKER, rerank_states=states,
+    cfg = dataclasses.replace(load_config(None), rerank_top_n=RERANK_TOP_N or load_config(None).rerank_top_n)
+    cfg = dataclasses.replace(cfg, data_dir=data_dir, reranker_model=RERANKER, rerank_states=states,
                               rerank_states_compact=compact, rerank_states_write_back=write_back,
                               rerank_states_second_pass=second_pass, api_keys_file="", opensearch_url="",
                               rerank_scoring=scoring)
@@ -213,7 +216,7 @@ async def main(n_docs: int, n_queries: int, caps: list[int], one_pass_only: bool
     p50 = lambda xs: percentile(xs, 50)  # noqa: E731
     some = next(iter(runs.values()))
     print(f"corpus: {len(docs)} documents -> {some.chunks} chunks; {n_queries} queries per language; "
-          f"rerank head = the config's rerank_top_n (20) pairs")
+          f"rerank head = rerank_top_n {RERANK_TOP_N or load_config(None).rerank_top_n} pairs")
     print(f"{'p50, ms':<28} {'rerank stage':>13} {'vs one graph':>13} {'hybrid+rerank':>14}")
     for lang in queries:
         r = p50(one_graph.rerank_ms[lang])
@@ -251,6 +254,9 @@ if __name__ == "__main__":
     ap.add_argument("--joint-weight-bits", type=int, default=0, choices=[0, 7, 8],
                     help="also the stored-states and write-back rows with the joint layers' weights at this width "
                          "(the shipped joint: 7)")
+    ap.add_argument("--rerank-top-n", type=int, default=0,
+                    help="candidates every server reranks (default: the config's rerank_top_n)")
     a = ap.parse_args()
+    RERANK_TOP_N = a.rerank_top_n
     asyncio.run(main(a.docs, a.queries, [int(c) for c in a.passage_caps.split(",") if c], a.one_pass_only,
                      a.exact_kernels, a.joint_weight_bits))

@@ -111,6 +111,21 @@ def test_gate_records_the_served_order(tmp_path: Path) -> None:
     assert gate["passed"] and json.loads((d / GATE_FILE).read_text())["languages"]["zh"]["gain"] == 0.021
 
 
+def test_gate_records_the_rerank_depth_and_starts_over_at_another(tmp_path: Path) -> None:
+    d = _model_dir(tmp_path)
+    kw: dict[str, Any] = {"full_split": False, "full_corpus": True, "queries": 500, "documents": 27413, "embedder": "int8"}
+    update_gate(d, "en", 0.40, _sweep({"0.7": 0.44}), rerank_top_n=20, **kw)
+    gate = update_gate(d, "zh", 0.27, _sweep({"0.7": 0.29}), rerank_top_n=20, **kw)
+    assert gate["rerank_top_n"] == 20 and gate["passed"]
+    gate = update_gate(d, "en", 0.40, _sweep({"0.7": 0.45}), rerank_top_n=40, **kw)
+    assert gate["rerank_top_n"] == 40 and set(gate["languages"]) == {"en"} and not gate["passed"]
+    # A gate from before the key (measured at the then default) is not a measurement at 40.
+    legacy = {k: v for k, v in gate.items() if k != "rerank_top_n"}
+    (d / GATE_FILE).write_text(json.dumps(legacy))
+    gate = update_gate(d, "zh", 0.27, _sweep({"0.7": 0.29}), rerank_top_n=40, **kw)
+    assert set(gate["languages"]) == {"zh"}
+
+
 def test_compare_pairs_two_runs_on_their_common_questions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Two runs of the same questions: "new" puts the judged answer first in q0 and q1, "base"
     # only in q0; a question only one run asked is left out of the pairing.
@@ -153,3 +168,27 @@ def test_compare_alpha_pairs_the_rerankers_own_orders(tmp_path: Path, capsys: py
     assert main(["compare", "--alpha", "1.0", "--base", str(base), "--new", str(new)]) == 0
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert r["questions"] == 3 and r["new"] == 1.0 and r["base"] == pytest.approx(0.5, abs=1e-4)
+
+
+def test_depth_reads_a_deep_runs_heads_as_a_shallower_head(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # One run at a deep rerank_top_n answers shallower depths: each head cut to its best by
+    # fused score. Here the relevant item sits at fused rank 15 of 20 in every question, so a
+    # head of 10 never holds it and a head of 20 (the reranker knows it) puts it first.
+    records = {}
+    for q in range(30):
+        rows = [[f"q{q}-d{i}", 1.0, 0.8, 0.05 - i * 0.001, 5.0 if i == 15 else 0.0, 0.1] for i in range(20)]
+        rows.reverse()  # the dump's order is the served one, not the fused one
+        records[f"q{q}"] = {"degraded": False, "relevant": [f"q{q}-d15"], "items": rows}
+    path = tmp_path / "deep.json"
+    path.write_text(json.dumps(records))
+    assert [len(h.ids) for h in load_heads(path, 10)] == [10] * 30
+    assert all(f"q{i}-d15" not in h.ids for i, h in enumerate(load_heads(path, 10)))
+    assert mean_ndcg(load_heads(path, 10), HeadOrder.from_alpha(1.0), cjk=False) == 0.0
+    assert mean_ndcg(load_heads(path, 20), HeadOrder.from_alpha(1.0), cjk=False) == pytest.approx(1.0)
+    assert main(["score", "--alpha", "1.0", "--depth", "10", "--items", str(path)]) == 0
+    assert "nDCG@10 0.0000" in capsys.readouterr().out
+    out = tmp_path / ORDER_FILE
+    assert main(["fit", "--train-en", str(path), "--train-zh", str(path), "--depth", "12", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["fitted_on"]["latin"]["depth"] == 12
+    with pytest.raises(SystemExit):  # nDCG@10 needs the top 10 reranked
+        main(["score", "--alpha", "1.0", "--depth", "5", "--items", str(path)])

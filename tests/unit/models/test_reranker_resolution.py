@@ -80,6 +80,23 @@ def test_auto_needs_a_passing_gate(models: Path, e5_fp32_dir: Path) -> None:
     assert resolve_reranker(_cfg(models, DEFAULT_RERANKER)).backend is not None
 
 
+def test_a_gate_measured_at_another_depth_is_used_and_said(models: Path, e5_fp32_dir: Path,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    # The depth is the operator's to tune: the model still beats the hybrid, but the log says
+    # its gate, order and calibration were measured on heads of another depth.
+    d = _build(models, e5_fp32_dir)
+    _gate(d, en=(0.40, 0.45), zh=(0.28, 0.33))
+    gate = json.loads((d / GATE_FILE).read_text())
+    (d / GATE_FILE).write_text(json.dumps({**gate, "rerank_top_n": Config().rerank_top_n}))
+    with caplog.at_level("WARNING", logger="service.app"):
+        assert resolve_reranker(_cfg(models)).backend is not None
+    assert "measured reranking" not in caplog.text
+    cfg = dataclasses.replace(_cfg(models), rerank_top_n=Config().rerank_top_n + 10)
+    with caplog.at_level("WARNING", logger="service.app"):
+        assert resolve_reranker(cfg).backend is not None
+    assert f"reranking {Config().rerank_top_n} candidates, this server reranks {cfg.rerank_top_n}" in caplog.text
+
+
 def test_auto_uses_a_passing_model_with_its_tuned_alpha(models: Path, e5_fp32_dir: Path) -> None:
     d = _build(models, e5_fp32_dir)
     _gate(d, en=(0.40, 0.45), zh=(0.28, 0.33), alpha=0.6)
