@@ -99,7 +99,9 @@ class Config:
     cjk_bm25_weight: float = 0.6
     cjk_knn_weight: float = 1.0
     retrieval_share: float = 0.6  # share of the remaining deadline for BM25/kNN legs
-    rerank_top_n: int = 20
+    # Candidates reranked: 50 since the towers (a stored pair costs a dot product; chosen on
+    # train, README "Rerank depth 50"). Without stored vectors each costs a passage pass.
+    rerank_top_n: int = 50
     # Final rerank order: alpha * minmax(logit) + (1 - alpha) * minmax(fused) over the head.
     # Negative: the reranker's own order (its rerank_order.json: weights over the logit, the
     # fused, BM25 and dense scores fitted on train; pipeline/head_order.py), else the alpha
