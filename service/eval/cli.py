@@ -38,7 +38,9 @@ def add_eval_parser(sub: Any) -> None:
     e.add_argument("--engine", choices=["embedded", "opensearch"], default="embedded")
     e.add_argument("--opensearch-url", default=os.environ.get("RETRIEVAL_OPENSEARCH_URL", ""))
     e.add_argument("--target", default="", help="evaluate a running server instead of starting one")
-    e.add_argument("--modes", type=_csv, default=("bm25", "knn", "hybrid", "hybrid+rerank"))
+    e.add_argument("--modes", type=_csv, default=None,
+                   help="comma-separated (default: bm25,knn,hybrid,hybrid+rerank; hybrid+rerank runs only with "
+                        "--reranker or --target, and naming it without either is an error)")
     e.add_argument("--models", type=_csv, default=("int8",),
                    help="int8, fp32, a model dir name, or dummy-hash (no model: for BM25-only studies)")
     e.add_argument("--reranker", default="", help="cross-encoder model: a name under the models dir or a path (enables hybrid+rerank)")
@@ -73,6 +75,9 @@ def add_eval_parser(sub: Any) -> None:
     e.set_defaults(fn=cmd_eval)
 
 
+DEFAULT_MODES = ("bm25", "knn", "hybrid", "hybrid+rerank")
+
+
 def calibration_questions(split: Split, lang: Lang, n: int, seed: int, exclude: Collection[str] = ()) -> Judged:
     """``n`` seeded InsuranceQA questions of ``split`` to fit a quality calibration on, none of
     them in ``exclude`` (the run's measured questions of the same split). The splits share one
@@ -93,6 +98,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     )
     from service.eval.runner import EvalSettings, evaluate_service
 
+    if args.modes is None:
+        args.modes = DEFAULT_MODES
+    elif "hybrid+rerank" in args.modes and not (args.reranker or args.target):
+        # Asked for by name, it would ingest the whole corpus and then report the mode skipped.
+        print("error: --modes hybrid+rerank needs --reranker DIR (or --target a running server)", file=sys.stderr)
+        return 2
     try:
         if args.judgements:
             judged = load_jsonl_judgements(args.judgements, args.corpus)

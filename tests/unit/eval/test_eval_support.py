@@ -169,6 +169,16 @@ def test_eval_subcommand_is_registered(capsys: pytest.CaptureFixture[str]) -> No
         assert flag in out
 
 
+def test_naming_the_rerank_mode_without_a_reranker_is_refused_before_any_work(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # It would otherwise ingest the whole corpus and then report the mode skipped.
+    from service.cli import main
+
+    assert main(["eval", "--modes", "hybrid,hybrid+rerank", "--out", str(tmp_path / "out")]) == 2
+    assert "--modes hybrid+rerank needs --reranker" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_markdown_table_reports_skips() -> None:
     from service.eval.runner import markdown_table
 
