@@ -439,8 +439,8 @@ async def _run_mode(settings: EvalSettings, live: _Live, judged: Judged, model: 
         run[qid] = ranked
         scores[qid] = score
         head_scores[qid] = head
-        # Calibration rows: the top of the final order, plus (hybrid+rerank) every item that
-        # was not reranked, so the fused order can be rebuilt for the hybrid calibration.
+        # Calibration rows: every item in the final order (the fused order can be rebuilt from
+        # them for the hybrid calibration, and a reranked head read at any shallower depth).
         # ``corpus_lang``: the language of the corpus the question was asked of, so the gate
         # fit can tell an off-domain question against a corpus of its own language (the hard
         # case) from one against the other (refused trivially; calibration.same_language).
