@@ -123,8 +123,10 @@ class Config:
     # Compute the reranker's passage states at ingest and store them with each chunk, so a
     # rerank runs only the query's lower layers and the joint layers (README "Cached passage
     # states"); chunks without current states are computed at rerank time either way.
-    # Opt-in: storing them costs ~33 KB a chunk (full width), and a second model pass at
-    # ingest for the chunks one_pass below cannot serve.
+    # Opt-in: storing them costs a second model pass at ingest for the chunks one_pass below
+    # cannot serve, and per chunk 391 bytes with the shipped reranker's towers (~33 KB full
+    # width with joint scoring). Worth it with OpenSearch, where write-back is off: without
+    # stored vectors every rerank computes its whole head (rerank_top_n passage passes).
     rerank_states: bool = False
     # With rerank_states: take a chunk's states from its embedding pass when the embedder's
     # input is the rerank's passage row (the reranker's lower layers are the embedder's first
