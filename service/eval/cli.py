@@ -39,7 +39,7 @@ def add_eval_parser(sub: Any) -> None:
     e.add_argument("--opensearch-url", default=os.environ.get("RETRIEVAL_OPENSEARCH_URL", ""))
     e.add_argument("--target", default="", help="evaluate a running server instead of starting one")
     e.add_argument("--modes", type=_csv, default=None,
-                   help="comma-separated (default: bm25,knn,hybrid,hybrid+rerank; hybrid+rerank runs only with "
+                   help="comma-separated (default: every mode but plan; hybrid+rerank runs only with "
                         "--reranker or --target, and naming it without either is an error)")
     e.add_argument("--models", type=_csv, default=("int8",),
                    help="int8, fp32, a model dir name, or dummy-hash (no model: for BM25-only studies)")
@@ -75,9 +75,6 @@ def add_eval_parser(sub: Any) -> None:
     e.set_defaults(fn=cmd_eval)
 
 
-DEFAULT_MODES = ("bm25", "knn", "hybrid", "hybrid+rerank")
-
-
 def calibration_questions(split: Split, lang: Lang, n: int, seed: int, exclude: Collection[str] = ()) -> Judged:
     """``n`` seeded InsuranceQA questions of ``split`` to fit a quality calibration on, none of
     them in ``exclude`` (the run's measured questions of the same split). The splits share one
@@ -96,7 +93,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         load_insuranceqa,
         load_jsonl_judgements,
     )
-    from service.eval.runner import EvalSettings, evaluate_service
+    from service.eval.runner import DEFAULT_MODES, EvalSettings, evaluate_service
 
     if args.modes is None:
         args.modes = DEFAULT_MODES

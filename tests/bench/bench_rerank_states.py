@@ -122,8 +122,9 @@ async def serve(states: bool, data_dir: Path, docs: list[corpus_pb2.Document],
                 queries: dict[str, list[str]], compact: bool = False, one_graph: bool = False,
                 write_back: bool = False, passage_cap: int | None = None, second_pass: bool = True,
                 models_dir: Path | None = None, scoring: str = "auto") -> Run:
-    cfg = dataclasses.replace(load_config(None), rerank_top_n=RERANK_TOP_N or load_config(None).rerank_top_n)
-    cfg = dataclasses.replace(cfg, data_dir=data_dir, reranker_model=RERANKER, rerank_states=states,
+    cfg = load_config(None)
+    cfg = dataclasses.replace(cfg, rerank_top_n=RERANK_TOP_N or cfg.rerank_top_n, data_dir=data_dir,
+                              reranker_model=RERANKER, rerank_states=states,
                               rerank_states_compact=compact, rerank_states_write_back=write_back,
                               rerank_states_second_pass=second_pass, api_keys_file="", opensearch_url="",
                               rerank_scoring=scoring)
