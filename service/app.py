@@ -216,7 +216,7 @@ def pair_one_pass(cfg: Config, embedder: EmbeddingBackend, reranker: CrossEncode
     """Ingest's vectors and passage states from one pass (``rerank_states_one_pass``), when
     states are computed at ingest and the probe finds the reranker's lower layers in the
     embedder (service/models/one_pass.py); else None (two passes), logged."""
-    if not (cfg.rerank_states and cfg.rerank_states_one_pass) or reranker is None or reranker.states_key is None:
+    if not (cfg.states_at_ingest and cfg.rerank_states_one_pass) or reranker is None or reranker.states_key is None:
         return None
     from service.models.one_pass import OnePassStates
 
@@ -352,7 +352,7 @@ class App:
             query_cache_size=cfg.query_cache_size, ingest_workers=cfg.ingest_model_workers,
             ingest_nice=cfg.ingest_nice, worker_nice=cfg.worker_nice,
             ingest_workers_while_querying=cfg.ingest_workers_while_querying,
-            passage_states=cfg.rerank_states or cfg.states_write_back, ingest_states=cfg.rerank_states,
+            passage_states=cfg.states_at_ingest or cfg.states_write_back, ingest_states=cfg.states_at_ingest,
             latin_embedder=latin_embedder, one_pass=one_pass,
         )
         engine = engine or build_engine(cfg, embedder.dimension, latin_embedder.dimension if latin_embedder else None)

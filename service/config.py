@@ -123,11 +123,13 @@ class Config:
     # Compute the reranker's passage states at ingest and store them with each chunk, so a
     # rerank runs only the query's lower layers and the joint layers (README "Cached passage
     # states"); chunks without current states are computed at rerank time either way.
-    # Opt-in: storing them costs a second model pass at ingest for the chunks one_pass below
-    # cannot serve, and per chunk 391 bytes with the shipped reranker's towers (~33 KB full
-    # width with joint scoring). Worth it with OpenSearch, where write-back is off: without
-    # stored vectors every rerank computes its whole head (rerank_top_n passage passes).
-    rerank_states: bool = False
+    # "auto" (2026-12-07): on with OpenSearch, where write-back is off and without stored
+    # vectors every rerank computes its whole head (rerank_top_n passage passes: hybrid +
+    # rerank ~600 ms at 50 against ~40 ms stored); off with the embedded engine, where write-back stores what reranks compute, so
+    # ingest pays nothing. Cost when on: per chunk 391 bytes with the shipped reranker's
+    # towers (~33 KB full width with joint scoring) and a second model pass at ingest for
+    # the chunks one_pass below cannot serve. true / false force it either way.
+    rerank_states: str = "auto"
     # With rerank_states: take a chunk's states from its embedding pass when the embedder's
     # input is the rerank's passage row (the reranker's lower layers are the embedder's first
     # layers; service/models/one_pass.py), so those chunks pay no second pass. Used only when
@@ -231,16 +233,26 @@ class Config:
         return "opensearch" if self.opensearch_url else "embedded"
 
     @property
+    def states_at_ingest(self) -> bool:
+        """``rerank_states`` resolved: auto = with OpenSearch only."""
+        return _auto_flag("rerank_states", self.rerank_states, self.engine_kind == "opensearch")
+
+    @property
     def states_write_back(self) -> bool:
         """``rerank_states_write_back`` resolved: auto = the embedded engine only."""
-        value = str(self.rerank_states_write_back).strip().lower()
-        if value == "auto":
-            return self.engine_kind == "embedded"
-        if value in _TRUE_WORDS:
-            return True
-        if value in {"0", "false", "no", "off", ""}:
-            return False
-        raise ValueError(f"rerank_states_write_back must be auto, true or false, not {self.rerank_states_write_back!r}")
+        return _auto_flag("rerank_states_write_back", self.rerank_states_write_back, self.engine_kind == "embedded")
+
+
+def _auto_flag(name: str, value: object, auto: bool) -> bool:
+    """A setting that is "auto" (``auto`` decides), true or false (a bool is taken as is)."""
+    word = str(value).strip().lower()
+    if word == "auto":
+        return auto
+    if word in _TRUE_WORDS:
+        return True
+    if word in {"0", "false", "no", "off", ""}:
+        return False
+    raise ValueError(f"{name} must be auto, true or false, not {value!r}")
 
 
 def _coerce(value: Any, current: Any) -> Any:

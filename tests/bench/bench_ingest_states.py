@@ -14,6 +14,9 @@ with the one pass only (``rerank_states_second_pass`` off: chunks the embedding 
 serve are left to their first rerank and write-back). The order rotates each round. Prints chunks/s per server, the median ratio to the round's
 ingest without states, and how many chunks took one pass.
 
+``--opensearch URL`` ingests into that OpenSearch node instead (each server its own fresh
+indices, deleted after it), where the engine's own indexing is part of every server's time.
+
 ``--sectioned`` gives every document a title and a breadcrumb, as a help-center article
 has (InsuranceQA answers have neither): the reranker reads both, as the embedder does, so
 such chunks still take one pass within the cap.
@@ -27,6 +30,7 @@ import dataclasses
 import statistics
 import sys
 import tempfile
+import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -37,7 +41,7 @@ from service._gen.retrieval.v1 import corpus_pb2, corpus_pb2_grpc  # noqa: E402
 from service.api.server import Server  # noqa: E402
 from service.app import App  # noqa: E402
 from service.config import load_config  # noqa: E402
-from tests.bench.bench_rerank_states import RERANKER, corpus, timed_ingest  # noqa: E402
+from tests.bench.bench_rerank_states import RERANKER, corpus, drop_indices, timed_ingest  # noqa: E402
 from tests.support.scrape import parse  # noqa: E402
 
 MODES = {"without states": dict(rerank_states=False),
@@ -47,10 +51,14 @@ MODES = {"without states": dict(rerank_states=False),
                                        rerank_states_second_pass=False)}
 
 
-async def ingest(data_dir: Path, docs: list[corpus_pb2.Document], settings: dict[str, bool]) -> tuple[float, int, int]:
-    """(chunks/s, chunks, chunks whose states took one pass) for one fresh server."""
+async def ingest(data_dir: Path, docs: list[corpus_pb2.Document], settings: dict[str, bool],
+                 opensearch_url: str = "") -> tuple[float, int, int]:
+    """(chunks/s, chunks, chunks whose states took one pass) for one fresh server: the
+    embedded engine, or with ``opensearch_url`` a fresh index of its own on that node."""
     cfg = dataclasses.replace(load_config(None), data_dir=data_dir, reranker_model=RERANKER, api_keys_file="",
-                              opensearch_url="", rerank_states_write_back="false", **settings)
+                              opensearch_url=opensearch_url, rerank_states_write_back="false", **settings)
+    if opensearch_url:
+        cfg = dataclasses.replace(cfg, opensearch_index_prefix=f"bench-ingest-{uuid.uuid4().hex[:10]}")
     app = App.build(cfg)
     if app.runtime.reranker is None:
         raise SystemExit(f"no reranker {RERANKER} under {cfg.models_dir}: run `make models`")
@@ -65,13 +73,16 @@ async def ingest(data_dir: Path, docs: list[corpus_pb2.Document], settings: dict
         one = int(scraped.get(("retrieval_ingest_passage_states_total", (("pass", "one"),)), 0))
     finally:
         await server.stop(0.5)
+        if opensearch_url:
+            drop_indices(opensearch_url, cfg.opensearch_index_prefix)
     return chunks / seconds, chunks, one
+
 
 
 SECTIONS = {"en": ("Insurance answer", "Knowledge base > Insurance"), "zh": ("保险问答", "知识库 > 保险")}
 
 
-async def main(n_docs: int, rounds: int, langs: list[str], sectioned: bool) -> None:
+async def main(n_docs: int, rounds: int, langs: list[str], sectioned: bool, opensearch_url: str) -> None:
     names = list(MODES)
     for lang in langs:
         docs, _ = corpus(lang, n_docs, 0)
@@ -87,13 +98,13 @@ async def main(n_docs: int, rounds: int, langs: list[str], sectioned: bool) -> N
                 order = names[r % len(names):] + names[: r % len(names)]
                 got = {}
                 for mode in order:
-                    rate, chunks, ones = await ingest(Path(tmp) / f"{r}-{len(got)}", docs, MODES[mode])
+                    rate, chunks, ones = await ingest(Path(tmp) / f"{r}-{len(got)}", docs, MODES[mode], opensearch_url)
                     got[mode] = rate
                     one = ones if mode == "states, one pass" else one
                 for mode in names:
                     rates[mode].append(got[mode])
                     ratios[mode].append(got[mode] / got["without states"])
-        print(f"{lang}{' (sectioned)' if sectioned else ''}: {len(docs)} documents -> {chunks} chunks; "
+        print(f"{lang}{' (sectioned)' if sectioned else ''}{' (OpenSearch)' if opensearch_url else ''}: {len(docs)} documents -> {chunks} chunks; "
               f"one pass gave {one} of them their states "
               f"(the others: past the passage cap)")
         for mode in names:
@@ -108,5 +119,7 @@ if __name__ == "__main__":
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--langs", default="en,zh", help="comma-separated: en, zh")
     ap.add_argument("--sectioned", action="store_true", help="give every document a title and a breadcrumb")
+    ap.add_argument("--opensearch", default="", metavar="URL",
+                    help="ingest into this OpenSearch node (a fresh index per server) instead of the embedded engine")
     a = ap.parse_args()
-    asyncio.run(main(a.docs, a.rounds, a.langs.split(","), a.sectioned))
+    asyncio.run(main(a.docs, a.rounds, a.langs.split(","), a.sectioned, a.opensearch))

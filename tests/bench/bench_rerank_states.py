@@ -28,6 +28,9 @@ artifact, ``reranker.write_joint``; the shipped joint is 7-bit, which serving ru
 on the fast int8 kernels even where they saturate on 8-bit weights,
 ``_ort.int8_weights_cannot_saturate``): on an AVX2 CPU (or under
 ``tests/support/avx2_cpu.py``) the 8-bit rows take the exact kernels, as served before.
+``--opensearch URL`` adds two towers servers on that OpenSearch node (each its own fresh
+indices, deleted after): vectors stored at ingest (``rerank_states`` "auto" there since
+2026-12-07) and nothing stored with write-back off (its default before).
 ``--exact-kernels`` adds the stored-states and write-back rows once more with onnxruntime's
 exact int8 kernels forced (``session.x64quantprecision`` on every session, as serving ran
 before ``_ort.u8s8_saturates`` asked the CPU): on a CPU whose fast kernels are exact (VNNI)
@@ -43,6 +46,8 @@ import shutil
 import sys
 import tempfile
 import time
+import urllib.request
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from unittest import mock
@@ -121,13 +126,15 @@ def models_with_joint_bits(out: Path, bits: int) -> Path:
 async def serve(states: bool, data_dir: Path, docs: list[corpus_pb2.Document],
                 queries: dict[str, list[str]], compact: bool = False, one_graph: bool = False,
                 write_back: bool = False, passage_cap: int | None = None, second_pass: bool = True,
-                models_dir: Path | None = None, scoring: str = "auto") -> Run:
+                models_dir: Path | None = None, scoring: str = "auto", opensearch_url: str = "") -> Run:
     cfg = load_config(None)
     cfg = dataclasses.replace(cfg, rerank_top_n=RERANK_TOP_N or cfg.rerank_top_n, data_dir=data_dir,
                               reranker_model=RERANKER, rerank_states=states,
                               rerank_states_compact=compact, rerank_states_write_back=write_back,
-                              rerank_states_second_pass=second_pass, api_keys_file="", opensearch_url="",
-                              rerank_scoring=scoring)
+                              rerank_states_second_pass=second_pass, api_keys_file="",
+                              opensearch_url=opensearch_url, rerank_scoring=scoring)
+    if opensearch_url:
+        cfg = dataclasses.replace(cfg, opensearch_index_prefix=f"bench-states-{uuid.uuid4().hex[:10]}")
     if models_dir is not None:
         cfg = dataclasses.replace(cfg, models_dir=models_dir)
     if passage_cap:
@@ -174,11 +181,21 @@ async def serve(states: bool, data_dir: Path, docs: list[corpus_pb2.Document],
             run.bytes_per_chunk = sorted(len(b) for b in found.values())
     finally:
         await server.stop(0.5)
+        if opensearch_url:
+            drop_indices(opensearch_url, cfg.opensearch_index_prefix)
     return run
 
 
+def drop_indices(url: str, prefix: str) -> None:
+    """Delete the indices one bench server made on a node (by name: wildcard deletes may be refused)."""
+    with urllib.request.urlopen(f"{url}/_cat/indices/{prefix}*?h=index", timeout=30) as r:
+        names = r.read().decode().split()
+    for name in names:
+        urllib.request.urlopen(urllib.request.Request(f"{url}/{name}", method="DELETE"), timeout=30).close()
+
+
 async def main(n_docs: int, n_queries: int, caps: list[int], one_pass_only: bool = False,
-               exact_kernels: bool = False, joint_bits: int = 0) -> None:
+               exact_kernels: bool = False, joint_bits: int = 0, opensearch_url: str = "") -> None:
     docs: list[corpus_pb2.Document] = []
     queries: dict[str, list[str]] = {}
     for lang in ("en", "zh"):
@@ -210,6 +227,11 @@ async def main(n_docs: int, n_queries: int, caps: list[int], one_pass_only: bool
                 runs["exact kernels: stored, full"] = await serve(True, Path(tmp) / "exact-full", docs, queries)
                 runs["exact kernels: write-back, 2nd ask"] = await serve(False, Path(tmp) / "exact-write-back", docs,
                                                                         queries, write_back=True)
+        if opensearch_url:  # its default now (stored at ingest) and before (nothing stored, no write-back)
+            runs["OpenSearch, stored"] = await serve(True, Path(tmp) / "os-stored", docs, queries,
+                                                     opensearch_url=opensearch_url)
+            runs["OpenSearch, recompute"] = await serve(False, Path(tmp) / "os-recompute", docs, queries,
+                                                        opensearch_url=opensearch_url)
         if one_pass_only:
             runs["one pass only, 2nd ask"] = await serve(True, Path(tmp) / "one-pass-only", docs, queries,
                                                          write_back=True, second_pass=False)
@@ -257,7 +279,10 @@ if __name__ == "__main__":
                          "(the shipped joint: 7)")
     ap.add_argument("--rerank-top-n", type=int, default=0,
                     help="candidates every server reranks (default: the config's rerank_top_n)")
+    ap.add_argument("--opensearch", default="", metavar="URL",
+                    help="also two towers servers on this OpenSearch node (fresh indices, deleted after): vectors "
+                         "stored at ingest (its default) and nothing stored without write-back (its default before)")
     a = ap.parse_args()
     RERANK_TOP_N = a.rerank_top_n
     asyncio.run(main(a.docs, a.queries, [int(c) for c in a.passage_caps.split(",") if c], a.one_pass_only,
-                     a.exact_kernels, a.joint_weight_bits))
+                     a.exact_kernels, a.joint_weight_bits, a.opensearch))

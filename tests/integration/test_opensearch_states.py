@@ -1,4 +1,5 @@
-"""Cached passage states on a real OpenSearch node: the service stores them at ingest and
+"""Cached passage states on a real OpenSearch node: the service stores them at ingest (its
+default there) and
 reranks over them, a changed document's re-ingest replaces them, and an index created
 before them (its ``dynamic: strict`` mapping lacks ``rerank_states``) gets the two fields
 added in place when the engine starts, as does one created before the Latin-script leg's
@@ -40,8 +41,10 @@ async def test_service_stores_states_and_reingest_replaces_them(request: pytest.
     assert reranker.states_key is not None
     prefix = unique_prefix("states")
     request.addfinalizer(lambda: drop_prefix(url, prefix))
+    # No rerank_states here: with OpenSearch its default ("auto") stores them at ingest.
     cfg = dataclasses.replace(Config(), opensearch_url=url, opensearch_index_prefix=prefix,
-                              data_dir=tmp_path / "data", reranker_model="", rerank_states=True)
+                              data_dir=tmp_path / "data", reranker_model="")
+    assert cfg.states_at_ingest
     live = await launch(cfg, e5_embedder, reranker)
     try:
         engine = live.app.engine
