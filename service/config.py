@@ -144,8 +144,11 @@ class Config:
     # Write-back: a rerank that computed a head chunk's states stores them (off the request
     # path), so only chunks that reach a rerank head pay storage and ingest pays nothing;
     # the first rerank of a chunk computes, the next ones read the same bytes (so no answer
-    # changes). "auto": on with the embedded engine, off with OpenSearch (where each
-    # write-back rewrites the chunk's document); true / false. README "Cached passage states".
+    # changes). "auto": on with the embedded engine; with OpenSearch, where each write-back
+    # rewrites the chunk's document, on only when rerank_states stores them at ingest too, so
+    # it fills the gaps once per chunk (chunks ingested before, or under another reranker)
+    # instead of every rerank computing those forever; true / false. README "Cached passage
+    # states".
     rerank_states_write_back: str = "auto"
     # Store them down-projected (96 PCA dims, ~7.8 KB for an 80-token chunk) instead of full
     # width (int8, ~31 KB): same valid nDCG@10, but logits come out ~0.1 lower than the one
@@ -239,8 +242,10 @@ class Config:
 
     @property
     def states_write_back(self) -> bool:
-        """``rerank_states_write_back`` resolved: auto = the embedded engine only."""
-        return _auto_flag("rerank_states_write_back", self.rerank_states_write_back, self.engine_kind == "embedded")
+        """``rerank_states_write_back`` resolved: auto = the embedded engine, or OpenSearch
+        with states at ingest (write-back then only fills the chunks ingest left without)."""
+        auto = self.engine_kind == "embedded" or self.states_at_ingest
+        return _auto_flag("rerank_states_write_back", self.rerank_states_write_back, auto)
 
 
 def _auto_flag(name: str, value: object, auto: bool) -> bool:

@@ -68,6 +68,46 @@ async def test_service_stores_states_and_reingest_replaces_them(request: pytest.
         await shutdown(live)
 
 
+async def test_chunks_ingested_without_states_get_them_from_their_first_rerank(
+        request: pytest.FixtureRequest, tmp_path: Path, e5_embedder: EmbeddingBackend) -> None:
+    """An index filled before states were stored at ingest (or under another reranker):
+    with the default on OpenSearch, write-back fills each head chunk once, so reranks do
+    not compute those chunks forever."""
+    url = opensearch_url_or_skip()
+    model_dir = default_models_dir() / DEFAULT_RERANKER
+    if not (model_dir / "lower.onnx").is_file():
+        pytest.skip(f"{model_dir} has no two-graph layout: run `make models`")
+    reranker = OnnxCrossEncoder(model_dir)
+    assert reranker.states_key is not None
+    prefix = unique_prefix("states")
+    request.addfinalizer(lambda: drop_prefix(url, prefix))
+    before = dataclasses.replace(Config(), opensearch_url=url, opensearch_index_prefix=prefix,
+                                 data_dir=tmp_path / "before", reranker_model="", rerank_states="false")
+    assert not before.states_write_back  # nothing stored at ingest, nothing written back
+    old = await launch(before, e5_embedder, reranker)
+    try:
+        chunks = await old.app.engine.get_chunks([make_chunk_id("kb-password-reset", 0, "v1")])
+        refs = [(c.chunk_id, c.content_hash) for c in chunks]
+        assert refs and await old.app.engine.passage_states(refs, reranker.states_key) == {}
+    finally:
+        await shutdown(old)
+    cfg = dataclasses.replace(before, data_dir=tmp_path / "now", rerank_states="auto")
+    assert cfg.states_at_ingest and cfg.states_write_back
+    live = await launch(cfg, e5_embedder, reranker, demo=False)
+    try:
+        events = await live.retrieve(query="reset password", top_k=3)
+        rerank = next(leg for leg in result_of(events).legs if leg.kind == types_pb2.LEG_KIND_RERANK)
+        assert rerank.status == types_pb2.LEG_STATUS_OK and evidence_of(events)
+        await live.app.runner.rerank.states_write_back.drain()
+        assert live.app.runner.rerank.states_write_back.written > 0
+        stored = await live.app.engine.passage_states(refs, reranker.states_key)
+        assert refs[0][0] in stored
+        again = await live.retrieve(query="reset password", top_k=3)
+        assert [e.evidence_id for e in evidence_of(again)] == [e.evidence_id for e in evidence_of(events)]
+    finally:
+        await shutdown(live)
+
+
 async def _old_index(url: str, prefix: str, without: tuple[str, ...], chunks: Sequence[ChunkRecord] = ()) -> None:
     """An index made the way an older version made it: this mapping minus ``without``
     (``dynamic: strict`` then refuses those fields), holding ``chunks``."""

@@ -10,11 +10,15 @@ import pytest
 from service.config import Config, load_config
 
 
-def test_write_back_auto_means_the_embedded_engine_only() -> None:
+def test_write_back_auto_means_the_embedded_engine_or_states_at_ingest() -> None:
+    """With OpenSearch a write-back rewrites the chunk's document: auto turns it on there only
+    beside states at ingest (it then fills the chunks ingest left without)."""
     assert Config().states_write_back is True
-    assert dataclasses.replace(Config(), opensearch_url="http://127.0.0.1:9200").states_write_back is False
-    on_os = dataclasses.replace(Config(), opensearch_url="http://127.0.0.1:9200", rerank_states_write_back="true")
+    on_os = dataclasses.replace(Config(), opensearch_url="http://127.0.0.1:9200")
     assert on_os.states_write_back is True
+    assert dataclasses.replace(on_os, rerank_states="false").states_write_back is False
+    assert dataclasses.replace(on_os, rerank_states="false", rerank_states_write_back="true").states_write_back is True
+    assert dataclasses.replace(on_os, rerank_states_write_back="false").states_write_back is False
     assert dataclasses.replace(Config(), rerank_states_write_back=False).states_write_back is False  # type: ignore[arg-type]
 
 
@@ -30,7 +34,7 @@ def test_states_at_ingest_auto_means_opensearch_only() -> None:
     engine stores what reranks compute and ingest pays nothing."""
     assert Config().states_at_ingest is False
     on_os = dataclasses.replace(Config(), opensearch_url="http://127.0.0.1:9200")
-    assert on_os.states_at_ingest is True and on_os.states_write_back is False
+    assert on_os.states_at_ingest is True
     assert dataclasses.replace(on_os, rerank_states=False).states_at_ingest is False  # type: ignore[arg-type]
     assert dataclasses.replace(Config(), rerank_states=True).states_at_ingest is True  # type: ignore[arg-type]
 
