@@ -513,9 +513,11 @@ async def evaluate_service(judged: Judged, settings: EvalSettings) -> dict[str, 
                    f"modes {','.join(settings.modes)}, models {','.join(settings.models)}, engine {settings.engine}")
     if settings.target:
         settings.models = ("server",)  # the running server decides its models
+    served: Any = None  # the eval server's own config (the gate records what it served)
     for mi, model in enumerate(settings.models):
         modes = [m for m in settings.modes if not (m == "bm25" and mi > 0)]  # BM25 is model-independent
         live = await _start(settings, model, judged)
+        served = live.app.cfg if live.app is not None else served
         try:
             model_ids[model] = live.model_ids
             if judged.corpus:
@@ -576,12 +578,14 @@ async def evaluate_service(judged: Judged, settings: EvalSettings) -> dict[str, 
         **settings.extra_meta,
     }
     if settings.gate:
-        report["gate"] = _write_gate(settings, results, judged)
+        report["gate"] = _write_gate(settings, results, judged, served)
     write_report(report, settings.out, plots=settings.plots)
     return report
 
 
-def _write_gate(settings: EvalSettings, results: list[ModeResult], judged: Judged) -> dict[str, Any]:
+def _write_gate(settings: EvalSettings, results: list[ModeResult], judged: Judged, served: Any = None) -> dict[str, Any]:
+    """The valid gate of ``settings.reranker`` from this run; ``served``: the config the
+    eval's server ran (its depth and scoring are what the gate records)."""
     from service.config import load_config
     from service.eval.gate import update_gate
     from service.models.manifest import read_manifest
@@ -596,16 +600,15 @@ def _write_gate(settings: EvalSettings, results: list[ModeResult], judged: Judge
     # overrode it (app.resolve_reranker): the gate records what was served.
     served_order = None if settings.rerank_alpha is not None else order_sha256(Path(settings.reranker).expanduser())
     # How the server scored pairs: the reranker's own choice unless rerank_scoring forced one.
-    defaults = load_config(None)
-    scoring = served_scoring(read_manifest(Path(settings.reranker).expanduser(), "cross-encoder"),
-                             defaults.rerank_scoring)
+    cfg = served if served is not None else load_config(None)
+    scoring = served_scoring(read_manifest(Path(settings.reranker).expanduser(), "cross-encoder"), cfg.rerank_scoring)
     gate = update_gate(Path(settings.reranker).expanduser(), settings.lang, hybrid[0].metrics["ndcg@10"],
                        reranked[0].alpha_sweep, full_split=settings.full_split, full_corpus=settings.full_corpus,
                        queries=len(judged.queries),
                        documents=len(judged.corpus), embedder=hybrid[0].model,
                        command=str(settings.extra_meta.get("command", "")),
                        head_order=(served_order, reranked[0].metrics["ndcg@10"]) if served_order else None,
-                       scoring=scoring, rerank_top_n=settings.rerank_top_n or defaults.rerank_top_n)
+                       scoring=scoring, rerank_top_n=cfg.rerank_top_n)
     _say(settings, f"gate: {'order ' + served_order[:12] if served_order else 'alpha ' + str(gate['alpha'])}, "
                    f"passed={gate['passed']} {gate['reason']}")
     return gate

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -10,8 +11,11 @@ from typing import Any
 import pytest
 
 from service.app import GATE_FILE
+from service.config import Config
+from service.eval.datasets import Judged
 from service.eval.gate import update_gate
 from service.eval.head_order_fit import load_heads, main, mean_ndcg
+from service.eval.runner import EvalSettings, ModeResult, _write_gate
 from service.pipeline.head_order import ORDER_FILE, HeadOrder, order_sha256, read_order
 
 
@@ -124,6 +128,19 @@ def test_gate_records_the_rerank_depth_and_starts_over_at_another(tmp_path: Path
     (d / GATE_FILE).write_text(json.dumps(legacy))
     gate = update_gate(d, "zh", 0.27, _sweep({"0.7": 0.29}), rerank_top_n=40, **kw)
     assert set(gate["languages"]) == {"zh"}
+
+
+def test_the_gate_records_the_depth_the_eval_server_served(tmp_path: Path) -> None:
+    """``service eval --gate`` writes the depth of the config its server ran (the config's
+    default unless --rerank-top-n), not one read again from the environment afterwards."""
+    d = _model_dir(tmp_path)
+    settings = EvalSettings(out=tmp_path / "out", reranker=str(d), lang="en", gate=True, rerank_alpha=0.7)
+    results = [ModeResult("int8", "hybrid", "ok", metrics={"ndcg@10": 0.40}),
+               ModeResult("int8", "hybrid+rerank", "ok", metrics={"ndcg@10": 0.44}, alpha_sweep=_sweep({"0.7": 0.44}))]
+    judged = Judged(name="t", corpus={"a": "x"}, queries={"q": "y"}, qrels={"q": {"a"}})
+    served = dataclasses.replace(Config(), rerank_top_n=37)
+    assert _write_gate(settings, results, judged, served)["rerank_top_n"] == 37
+    assert _write_gate(settings, results, judged)["rerank_top_n"] == Config().rerank_top_n  # none given: the default
 
 
 def test_compare_pairs_two_runs_on_their_common_questions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
