@@ -31,16 +31,22 @@ from tests.unit.engines.test_engine_contract import ALL, T, chunk, ids, unit
 pytestmark = pytest.mark.integration
 
 
-async def test_service_stores_states_and_reingest_replaces_them(request: pytest.FixtureRequest, tmp_path: Path,
-                                                               e5_embedder: EmbeddingBackend) -> None:
+def _node_and_reranker(request: pytest.FixtureRequest) -> tuple[str, str, OnnxCrossEncoder]:
+    """The node's URL, a fresh index prefix (dropped after the test) and the shipped split
+    reranker; skips without them (fails under CI=true without the node)."""
     url = opensearch_url_or_skip()
     model_dir = default_models_dir() / DEFAULT_RERANKER
     if not (model_dir / "lower.onnx").is_file():
         pytest.skip(f"{model_dir} has no two-graph layout: run `make models`")
-    reranker = OnnxCrossEncoder(model_dir)
-    assert reranker.states_key is not None
     prefix = unique_prefix("states")
     request.addfinalizer(lambda: drop_prefix(url, prefix))
+    return url, prefix, OnnxCrossEncoder(model_dir)
+
+
+async def test_service_stores_states_and_reingest_replaces_them(request: pytest.FixtureRequest, tmp_path: Path,
+                                                               e5_embedder: EmbeddingBackend) -> None:
+    url, prefix, reranker = _node_and_reranker(request)
+    assert reranker.states_key is not None
     # No rerank_states here: with OpenSearch its default ("auto") stores them at ingest.
     cfg = dataclasses.replace(Config(), opensearch_url=url, opensearch_index_prefix=prefix,
                               data_dir=tmp_path / "data", reranker_model="")
@@ -73,14 +79,8 @@ async def test_chunks_ingested_without_states_get_them_from_their_first_rerank(
     """An index filled before states were stored at ingest (or under another reranker):
     with the default on OpenSearch, write-back fills each head chunk once, so reranks do
     not compute those chunks forever."""
-    url = opensearch_url_or_skip()
-    model_dir = default_models_dir() / DEFAULT_RERANKER
-    if not (model_dir / "lower.onnx").is_file():
-        pytest.skip(f"{model_dir} has no two-graph layout: run `make models`")
-    reranker = OnnxCrossEncoder(model_dir)
+    url, prefix, reranker = _node_and_reranker(request)
     assert reranker.states_key is not None
-    prefix = unique_prefix("states")
-    request.addfinalizer(lambda: drop_prefix(url, prefix))
     before = dataclasses.replace(Config(), opensearch_url=url, opensearch_index_prefix=prefix,
                                  data_dir=tmp_path / "before", reranker_model="", rerank_states="false")
     assert not before.states_write_back  # nothing stored at ingest, nothing written back
