@@ -187,11 +187,12 @@ async def serve(states: bool, data_dir: Path, docs: list[corpus_pb2.Document],
 
 
 def drop_indices(url: str, prefix: str) -> None:
-    """Delete the indices one bench server made on a node (by name: wildcard deletes may be refused)."""
+    """Delete the indices and the template one bench server made on a node (by name:
+    wildcard deletes may be refused)."""
     with urllib.request.urlopen(f"{url}/_cat/indices/{prefix}*?h=index", timeout=30) as r:
         names = r.read().decode().split()
-    for name in names:
-        urllib.request.urlopen(urllib.request.Request(f"{url}/{name}", method="DELETE"), timeout=30).close()
+    for path in [*names, f"_index_template/{prefix}-chunks"]:
+        urllib.request.urlopen(urllib.request.Request(f"{url}/{path}", method="DELETE"), timeout=30).close()
 
 
 async def main(n_docs: int, n_queries: int, caps: list[int], one_pass_only: bool = False,

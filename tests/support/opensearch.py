@@ -91,11 +91,10 @@ def drop_prefix(url: str, prefix: str) -> None:
     """Delete every index and the template of ``prefix`` (synchronous: usable in any
     finalizer, even after the engine and its event loop are gone)."""
     base = url.rstrip("/")
-    status, body = _http(
-        "GET", f"{base}/{prefix}-chunks-v*?ignore_unavailable=true&allow_no_indices=true"
-    )
-    if status == 200 and isinstance(body, dict) and body:
-        _http("DELETE", f"{base}/{','.join(sorted(body))}")
+    for pattern in (f"{prefix}-chunks-v*", f"{prefix}-ledger-*"):  # a service's ledger lives there too
+        status, body = _http("GET", f"{base}/{pattern}?ignore_unavailable=true&allow_no_indices=true")
+        if status == 200 and isinstance(body, dict) and body:
+            _http("DELETE", f"{base}/{','.join(sorted(body))}")
     _http("DELETE", f"{base}/_index_template/{prefix}-chunks")
 
 
