@@ -123,10 +123,11 @@ class Config:
     # Compute the reranker's passage states at ingest and store them with each chunk, so a
     # rerank runs only the query's lower layers and the joint layers (README "Cached passage
     # states"); chunks without current states are computed at rerank time either way.
-    # "auto" (2026-12-07): on with OpenSearch, where write-back is off and without stored
-    # vectors every rerank computes its whole head (rerank_top_n passage passes: hybrid +
-    # rerank ~600 ms at 50 against ~40 ms stored); off with the embedded engine, where write-back stores what reranks compute, so
-    # ingest pays nothing. Cost when on: per chunk 391 bytes with the shipped reranker's
+    # "auto" (2026-12-07): on with OpenSearch, where a write-back rewrites the chunk's
+    # document (so write-back only fills gaps there) and without stored vectors every rerank
+    # computes its whole head (rerank_top_n passage passes: hybrid + rerank ~600 ms at 50
+    # against ~40 ms stored); off with the embedded engine, where write-back stores what
+    # reranks compute, so ingest pays nothing. Cost when on: per chunk 391 bytes with the shipped reranker's
     # towers (~33 KB full width with joint scoring) and a second model pass at ingest for
     # the chunks one_pass below cannot serve. true / false force it either way.
     rerank_states: str = "auto"
