@@ -127,9 +127,9 @@ class Config:
     # document (so write-back only fills gaps there) and without stored vectors every rerank
     # computes its whole head (rerank_top_n passage passes: hybrid + rerank ~600 ms at 50
     # against ~40 ms stored); off with the embedded engine, where write-back stores what
-    # reranks compute, so ingest pays nothing. Cost when on: per chunk 391 bytes with the shipped reranker's
-    # towers (~33 KB full width with joint scoring) and a second model pass at ingest for
-    # the chunks one_pass below cannot serve. true / false force it either way.
+    # reranks compute, so ingest pays nothing. Cost when on: per chunk 391 bytes with the
+    # shipped reranker's towers (~33 KB full width with joint scoring) and a second model
+    # pass at ingest for the chunks one_pass below cannot serve. true / false force it.
     rerank_states: str = "auto"
     # With rerank_states: take a chunk's states from its embedding pass when the embedder's
     # input is the rerank's passage row (the reranker's lower layers are the embedder's first
