@@ -30,7 +30,6 @@ import dataclasses
 import statistics
 import sys
 import tempfile
-import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -41,7 +40,8 @@ from service._gen.retrieval.v1 import corpus_pb2, corpus_pb2_grpc  # noqa: E402
 from service.api.server import Server  # noqa: E402
 from service.app import App  # noqa: E402
 from service.config import load_config  # noqa: E402
-from tests.bench.bench_rerank_states import RERANKER, corpus, drop_indices, timed_ingest  # noqa: E402
+from tests.bench.bench_rerank_states import RERANKER, corpus, timed_ingest  # noqa: E402
+from tests.support.opensearch import drop_prefix, unique_prefix  # noqa: E402
 from tests.support.scrape import parse  # noqa: E402
 
 MODES = {"without states": dict(rerank_states=False),
@@ -58,7 +58,7 @@ async def ingest(data_dir: Path, docs: list[corpus_pb2.Document], settings: dict
     cfg = dataclasses.replace(load_config(None), data_dir=data_dir, reranker_model=RERANKER, api_keys_file="",
                               opensearch_url=opensearch_url, rerank_states_write_back="false", **settings)
     if opensearch_url:
-        cfg = dataclasses.replace(cfg, opensearch_index_prefix=f"bench-ingest-{uuid.uuid4().hex[:10]}")
+        cfg = dataclasses.replace(cfg, opensearch_index_prefix=unique_prefix("bench-ingest"))
     app = App.build(cfg)
     if app.runtime.reranker is None:
         raise SystemExit(f"no reranker {RERANKER} under {cfg.models_dir}: run `make models`")
@@ -74,9 +74,8 @@ async def ingest(data_dir: Path, docs: list[corpus_pb2.Document], settings: dict
     finally:
         await server.stop(0.5)
         if opensearch_url:
-            drop_indices(opensearch_url, cfg.opensearch_index_prefix)
+            drop_prefix(opensearch_url, cfg.opensearch_index_prefix)
     return chunks / seconds, chunks, one
-
 
 
 SECTIONS = {"en": ("Insurance answer", "Knowledge base > Insurance"), "zh": ("保险问答", "知识库 > 保险")}

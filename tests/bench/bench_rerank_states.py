@@ -46,8 +46,6 @@ import shutil
 import sys
 import tempfile
 import time
-import urllib.request
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from unittest import mock
@@ -63,6 +61,7 @@ from service.config import load_config  # noqa: E402
 from service.engines.base import make_chunk_id  # noqa: E402
 from service.eval.metrics import percentile  # noqa: E402
 from service.models import _ort  # noqa: E402
+from tests.support.opensearch import drop_prefix, unique_prefix  # noqa: E402
 
 RERANKER = "e5-small-split-reranker-int8"
 RERANK_TOP_N = 0  # --rerank-top-n; 0: the config's
@@ -134,7 +133,7 @@ async def serve(states: bool, data_dir: Path, docs: list[corpus_pb2.Document],
                               rerank_states_second_pass=second_pass, api_keys_file="",
                               opensearch_url=opensearch_url, rerank_scoring=scoring)
     if opensearch_url:
-        cfg = dataclasses.replace(cfg, opensearch_index_prefix=f"bench-states-{uuid.uuid4().hex[:10]}")
+        cfg = dataclasses.replace(cfg, opensearch_index_prefix=unique_prefix("bench-states"))
     if models_dir is not None:
         cfg = dataclasses.replace(cfg, models_dir=models_dir)
     if passage_cap:
@@ -182,17 +181,8 @@ async def serve(states: bool, data_dir: Path, docs: list[corpus_pb2.Document],
     finally:
         await server.stop(0.5)
         if opensearch_url:
-            drop_indices(opensearch_url, cfg.opensearch_index_prefix)
+            drop_prefix(opensearch_url, cfg.opensearch_index_prefix)
     return run
-
-
-def drop_indices(url: str, prefix: str) -> None:
-    """Delete the indices and the template one bench server made on a node (by name:
-    wildcard deletes may be refused)."""
-    with urllib.request.urlopen(f"{url}/_cat/indices/{prefix}*?h=index", timeout=30) as r:
-        names = r.read().decode().split()
-    for path in [*names, f"_index_template/{prefix}-chunks"]:
-        urllib.request.urlopen(urllib.request.Request(f"{url}/{path}", method="DELETE"), timeout=30).close()
 
 
 async def main(n_docs: int, n_queries: int, caps: list[int], one_pass_only: bool = False,
