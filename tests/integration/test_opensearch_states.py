@@ -1,6 +1,6 @@
 """Cached passage states on a real OpenSearch node: the service stores them at ingest (its
-default there) and
-reranks over them, a changed document's re-ingest replaces them, and an index created
+default there) and reranks over them, a changed document's re-ingest replaces them, chunks
+ingested without them get them from their first rerank (write-back), and an index created
 before them (its ``dynamic: strict`` mapping lacks ``rerank_states``) gets the two fields
 added in place when the engine starts, as does one created before the Latin-script leg's
 ``latin_vector``."""

@@ -30,8 +30,8 @@ def test_write_back_from_the_environment_and_a_bad_value(monkeypatch: pytest.Mon
 
 
 def test_states_at_ingest_auto_means_opensearch_only() -> None:
-    """OpenSearch has write-back off, so only ingest stores vectors there; the embedded
-    engine stores what reranks compute and ingest pays nothing."""
+    """With OpenSearch a write-back rewrites the chunk's document, so vectors are stored at
+    ingest there; the embedded engine stores what reranks compute and ingest pays nothing."""
     assert Config().states_at_ingest is False
     on_os = dataclasses.replace(Config(), opensearch_url="http://127.0.0.1:9200")
     assert on_os.states_at_ingest is True
