@@ -181,7 +181,7 @@ def resolve_reranker(cfg: Config) -> RerankerChoice:
 
         return RerankerChoice(OverlapCrossEncoder(), alpha=_alpha(cfg, None))
     from service.models.manifest import read_manifest
-    from service.models.onnx_cross_encoder import load_cross_encoder
+    from service.models.onnx_cross_encoder import load_cross_encoder, passage_cap
 
     auto = name == AUTO_RERANKER
     default = PAIRED_RERANKERS.get(cfg.embedding_model, DEFAULT_RERANKER)
@@ -202,12 +202,17 @@ def resolve_reranker(cfg: Config) -> RerankerChoice:
                                  compact_states=cfg.rerank_states_compact, parallel=cfg.rerank_parallel,
                                  passage_tokens=cfg.rerank_passage_tokens, scoring=scoring)
     order = read_order(path) if cfg.rerank_alpha < 0 else None  # HeadOrderError: startup fails
+    # Not refusals: the model still beats the hybrid, but its gate, rerank order and quality
+    # calibration were measured on heads of another depth, or passages cut at another cap.
     measured_depth = (gate or {}).get("rerank_top_n")
     if measured_depth is not None and measured_depth != cfg.rerank_top_n:
-        # Not a refusal: the model still beats the hybrid, but its gate, rerank order and
-        # quality calibration were measured on heads of another depth.
         log.warning("reranker %s: its valid gate was measured reranking %s candidates, this server reranks %s "
                     "(rerank_top_n)", path.name, measured_depth, cfg.rerank_top_n)
+    measured_cap, cap = (gate or {}).get("passage_tokens"), passage_cap(manifest, cfg.rerank_max_length,
+                                                                       cfg.rerank_passage_tokens)
+    if measured_cap is not None and measured_cap != cap:
+        log.warning("reranker %s: its valid gate was measured reading %s tokens of a passage, this server reads %s "
+                    "(rerank_passage_tokens)", path.name, measured_cap, cap)
     return RerankerChoice(backend, alpha=_alpha(cfg, gate), model_dir=path, order=order)
 
 

@@ -110,11 +110,12 @@ class Config:
     # Tokens of a pair a rerank may take (a one-sequence cross-encoder: query + passage).
     rerank_max_length: int = 256
     # Split rerankers (the shipped one): tokens of a passage a rerank reads (lower and joint
-    # layers), at most the model's trained cap (192); 0 = that cap. The joint layers cost
-    # per token: 128 (a whole 500-character English chunk) measured no loss of valid
-    # nDCG@10 against 192 (en -0.0002, zh +0.0025) for 0.81x the zh rerank stage; 96 is
-    # faster still but lost on the smoke set (README "Cached passage states", Passage cap).
-    rerank_passage_tokens: int = 128
+    # layers), at most the model's trained cap (192 for the shipped one); 0 = that cap. Since
+    # 2026-12-07 the default: with towers the cap costs nothing at query time once a
+    # chunk's vector is stored, and at ingest each chunk past it costs a second pass (zh
+    # 21 % of chunks at 128, 9 % at 192). Joint scoring pays per token in every rerank: 128
+    # took its zh stage to 0.74x at no measured loss (README "Cached passage states").
+    rerank_passage_tokens: int = 0
     # Threads a rerank's length groups run on (a reranker with the two-graph layout): one
     # pool of this many threads shared by every rerank, so a lone query on a quiet 2-core
     # machine uses both cores (rerank p50 ~0.6x) and under load the groups of concurrent

@@ -27,13 +27,15 @@ def update_gate(model_dir: Path, lang: str, hybrid: float, sweep: dict[str, dict
                 full_corpus: bool = False,
                 queries: int, documents: int, embedder: str, command: str = "",
                 head_order: tuple[str, float] | None = None, scoring: str = SCORING_JOINT,
-                rerank_top_n: int | None = None) -> dict[str, Any]:
+                rerank_top_n: int | None = None, passage_tokens: int | None = None) -> dict[str, Any]:
     """``head_order``: (sha256 of the rerank_order.json the server ordered the head by, the
     run's hybrid + rerank nDCG@10) when it served one; then that is the language's
     ``hybrid_rerank``, and every language must have been measured with the same file.
     ``scoring``: how the server scored pairs (joint or towers); every language must have been
     measured the same way. ``rerank_top_n``: how deep the server reranked (None: not
-    recorded, as in gates before 2026-12-07, which measured 20); every language the same."""
+    recorded, as in gates before 2026-12-07, which measured 20); every language the same.
+    ``passage_tokens``: the passage cap the server's reranker read (None: not recorded, as in
+    gates before the trained cap became the default, which measured 128)."""
     sha = str(read_manifest(model_dir, "cross-encoder")["onnx_sha256"])
     path = model_dir / GATE_FILE
     try:
@@ -42,8 +44,9 @@ def update_gate(model_dir: Path, lang: str, hybrid: float, sweep: dict[str, dict
         gate = {}
     order_sha = head_order[0] if head_order else None
     if (gate.get("onnx_sha256") != sha or gate.get("head_order_sha256") != order_sha
-            or gate.get("scoring", SCORING_JOINT) != scoring or gate.get("rerank_top_n") != rerank_top_n):
-        gate = {}  # measured on another build, with another order, scoring or depth: start over
+            or gate.get("scoring", SCORING_JOINT) != scoring or gate.get("rerank_top_n") != rerank_top_n
+            or gate.get("passage_tokens") != passage_tokens):
+        gate = {}  # measured on another build, with another order, scoring, depth or cap: start over
     langs: dict[str, Any] = gate.get("languages", {})
     langs[lang] = {"hybrid": round(hybrid, 4), "alpha_sweep": {a: v["ndcg@10"] for a, v in sweep.items()},
                    "full_split": full_split, "full_corpus": full_corpus or full_split, "queries": queries, "documents": documents, "embedder": embedder,
@@ -56,7 +59,8 @@ def update_gate(model_dir: Path, lang: str, hybrid: float, sweep: dict[str, dict
         row["hybrid_rerank"] = row["served_order"] if order_sha else row["alpha_sweep"][best]
         row["gain"] = round(row["hybrid_rerank"] - row["hybrid"], 4)
     gate = {"onnx_sha256": sha, "head_order_sha256": order_sha, "scoring": scoring,
-            **({"rerank_top_n": rerank_top_n} if rerank_top_n is not None else {}), "split": "valid",
+            **({"rerank_top_n": rerank_top_n} if rerank_top_n is not None else {}),
+            **({"passage_tokens": passage_tokens} if passage_tokens is not None else {}), "split": "valid",
             "metric": "ndcg@10", "alpha": float(best), "languages": langs, "required_languages": list(GATE_LANGUAGES)}
     why = gate_failure(gate, sha, order_sha, scoring)
     gate["passed"] = not why

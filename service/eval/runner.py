@@ -589,6 +589,7 @@ def _write_gate(settings: EvalSettings, results: list[ModeResult], judged: Judge
     from service.config import load_config
     from service.eval.gate import update_gate
     from service.models.manifest import read_manifest
+    from service.models.onnx_cross_encoder import passage_cap
     from service.models.towers import served_scoring
     from service.pipeline.head_order import order_sha256
 
@@ -601,14 +602,16 @@ def _write_gate(settings: EvalSettings, results: list[ModeResult], judged: Judge
     served_order = None if settings.rerank_alpha is not None else order_sha256(Path(settings.reranker).expanduser())
     # How the server scored pairs: the reranker's own choice unless rerank_scoring forced one.
     cfg = served if served is not None else load_config(None)
-    scoring = served_scoring(read_manifest(Path(settings.reranker).expanduser(), "cross-encoder"), cfg.rerank_scoring)
+    manifest = read_manifest(Path(settings.reranker).expanduser(), "cross-encoder")
+    scoring = served_scoring(manifest, cfg.rerank_scoring)
     gate = update_gate(Path(settings.reranker).expanduser(), settings.lang, hybrid[0].metrics["ndcg@10"],
                        reranked[0].alpha_sweep, full_split=settings.full_split, full_corpus=settings.full_corpus,
                        queries=len(judged.queries),
                        documents=len(judged.corpus), embedder=hybrid[0].model,
                        command=str(settings.extra_meta.get("command", "")),
                        head_order=(served_order, reranked[0].metrics["ndcg@10"]) if served_order else None,
-                       scoring=scoring, rerank_top_n=cfg.rerank_top_n)
+                       scoring=scoring, rerank_top_n=cfg.rerank_top_n,
+                       passage_tokens=passage_cap(manifest, cfg.rerank_max_length, cfg.rerank_passage_tokens))
     _say(settings, f"gate: {'order ' + served_order[:12] if served_order else 'alpha ' + str(gate['alpha'])}, "
                    f"passed={gate['passed']} {gate['reason']}")
     return gate

@@ -34,6 +34,17 @@ from service.models.towers import SCORING_TOWERS, load_tower_head, served_scorin
 T = TypeVar("T")
 
 
+def passage_cap(manifest: dict[str, object], max_length: int | None, passage_tokens: int) -> int | None:
+    """Tokens of a passage a split reranker reads (``rerank_passage_tokens``; 0 = its trained
+    cap; ``rerank_max_length`` and the model's own limit bound both); None for a reranker
+    without a passage cap (a joint one)."""
+    if "passage_max_tokens" not in manifest:
+        return None
+    limit = int(str(manifest["max_length"]))
+    cap = min(max_length or limit, limit, int(str(manifest["passage_max_tokens"])))
+    return min(cap, passage_tokens) if passage_tokens > 0 else cap
+
+
 class OnnxCrossEncoder(CrossEncoderBackend):
     """Pairs go through the tokenizer's pair template (``[CLS] q [SEP] p [SEP]``).
     Truncation is "only second" done by hand: the query is clipped to half the budget and
@@ -114,9 +125,7 @@ class OnnxCrossEncoder(CrossEncoderBackend):
     def _split_init(self, manifest: dict[str, object], passage_tokens: int) -> None:
         tok = self._tokenizer
         self.max_query_tokens = int(str(manifest["query_max_tokens"]))
-        self._passage_max = min(self.max_length, int(str(manifest["passage_max_tokens"])))
-        if passage_tokens > 0:
-            self._passage_max = min(self._passage_max, passage_tokens)
+        self._passage_max = passage_cap(manifest, self.max_length, passage_tokens) or 0
         self._lower_layers = int(str(manifest.get("lower_layers", 0)))
         self._query_prefix = tok.encode(str(manifest["query_prefix"]), add_special_tokens=False).ids
         self._passage_prefix = tok.encode(str(manifest["passage_prefix"]), add_special_tokens=False).ids

@@ -18,7 +18,7 @@ config's; ``--rerank-top-n N`` sets it for every server)
 as the pipeline timed it (stored states read + model) and its ratio to recomputation,
 hybrid+rerank Retrieve p50; ingest chunks/s with states against without; and the stored
 bytes per chunk (mean, p95). ``--passage-caps 192`` adds a stored-states server per cap
-(``rerank_passage_tokens``; the other rows run at the config's, 128 by default).
+(``rerank_passage_tokens``; the other rows run at the config's: the trained cap, 192, by default).
 ``--one-pass-only`` adds one storing only what the embedding pass gives
 (``rerank_states_second_pass`` off, write-back on): each query asked twice, the first rerank
 computes the head chunks ingest left without states, the second reads them all.
@@ -260,7 +260,7 @@ if __name__ == "__main__":
     ap.add_argument("--queries", type=int, default=40, help="queries per language")
     ap.add_argument("--passage-caps", default="",
                     help="comma-separated: also store full-width states with rerank_passage_tokens at each "
-                         "(the other rows run at the config's, 128 by default; the trained cap is 192)")
+                         "(the other rows run at the config's: the trained cap, 192, by default)")
     ap.add_argument("--one-pass-only", action="store_true",
                     help="also a server with rerank_states_second_pass off and write-back on (1st and 2nd ask)")
     ap.add_argument("--exact-kernels", action="store_true",

@@ -23,7 +23,7 @@ RERANKER = DEFAULT_RERANKER  # the default pair's reranker
 # wrong passage's vector moves a logit by several.
 NOISE = 0.75
 PLAIN = ["Term life insurance pays a benefit if you die during the term.", "定期寿险在保险期间内身故时给付保险金。"]
-# One chunk (333 characters, 232 tokens): past the passage cap (192 as trained, 128 served),
+# One chunk (333 characters, 232 tokens): past the passage cap (192, the trained cap and the default),
 # the embedding pass reads further than a rerank row, so its states take the lower graph.
 LONG_ZH = ("长期护理保险在被保险人因疾病或意外需要长期护理时按合同约定给付护理保险金，等待期为九十天。"
            "保单的现金价值可以用于申请保单贷款，贷款利率按年计算，逾期未还将影响保障。"

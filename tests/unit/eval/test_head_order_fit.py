@@ -143,6 +143,29 @@ def test_the_gate_records_the_depth_the_eval_server_served(tmp_path: Path) -> No
     assert _write_gate(settings, results, judged)["rerank_top_n"] == Config().rerank_top_n  # none given: the default
 
 
+def test_gate_records_the_passage_cap_and_starts_over_at_another(tmp_path: Path) -> None:
+    """A split reranker's gate names the passage cap its server read (``rerank_passage_tokens``,
+    0 = the trained cap) and a run at another cap starts the file over, as another depth does."""
+    d = _model_dir(tmp_path)
+    manifest = json.loads((d / "manifest.json").read_text())
+    (d / "manifest.json").write_text(json.dumps({**manifest, "max_length": 192, "passage_max_tokens": 192}))
+    kw: dict[str, Any] = {"full_split": False, "full_corpus": True, "queries": 500, "documents": 27413, "embedder": "int8"}
+    update_gate(d, "en", 0.40, _sweep({"0.7": 0.44}), passage_tokens=128, **kw)
+    gate = update_gate(d, "zh", 0.27, _sweep({"0.7": 0.29}), passage_tokens=128, **kw)
+    assert gate["passage_tokens"] == 128 and gate["passed"]
+    gate = update_gate(d, "en", 0.40, _sweep({"0.7": 0.45}), passage_tokens=192, **kw)
+    assert gate["passage_tokens"] == 192 and set(gate["languages"]) == {"en"} and not gate["passed"]
+    settings = EvalSettings(out=tmp_path / "out", reranker=str(d), lang="en", gate=True, rerank_alpha=0.7)
+    results = [ModeResult("int8", "hybrid", "ok", metrics={"ndcg@10": 0.40}),
+               ModeResult("int8", "hybrid+rerank", "ok", metrics={"ndcg@10": 0.44}, alpha_sweep=_sweep({"0.7": 0.44}))]
+    judged = Judged(name="t", corpus={"a": "x"}, queries={"q": "y"}, qrels={"q": {"a"}})
+    assert _write_gate(settings, results, judged, Config())["passage_tokens"] == 192  # 0: the trained cap
+    served = dataclasses.replace(Config(), rerank_passage_tokens=128)
+    assert _write_gate(settings, results, judged, served)["passage_tokens"] == 128
+    served = dataclasses.replace(Config(), rerank_max_length=160)  # the pair budget bounds it too
+    assert _write_gate(settings, results, judged, served)["passage_tokens"] == 160
+
+
 def test_compare_pairs_two_runs_on_their_common_questions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Two runs of the same questions: "new" puts the judged answer first in q0 and q1, "base"
     # only in q0; a question only one run asked is left out of the pairing.

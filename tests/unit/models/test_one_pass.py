@@ -24,7 +24,7 @@ SHORT = [
     "Car insurance covers damage to your vehicle, and sometimes to the other driver's.",
     "申请理赔时需要提交发票和诊断证明。",
 ]
-LONG = "a much longer passage about annuities and riders " * 30  # past the 128-token cap
+LONG = "a much longer passage about annuities and riders " * 30  # past the passage cap (128 here, 192 trained)
 QUERY = "what is term life insurance"
 
 

@@ -97,6 +97,24 @@ def test_a_gate_measured_at_another_depth_is_used_and_said(models: Path, e5_fp32
     assert f"reranking {Config().rerank_top_n} candidates, this server reranks {cfg.rerank_top_n}" in caplog.text
 
 
+def test_a_gate_measured_at_another_passage_cap_is_used_and_said(models: Path, e5_fp32_dir: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    # Like the depth: the cap is the operator's (rerank_passage_tokens), and the log says
+    # the gate, order and calibration were measured on passages cut elsewhere.
+    d = _build(models, e5_fp32_dir)
+    _gate(d, en=(0.40, 0.45), zh=(0.28, 0.33))
+    gate = json.loads((d / GATE_FILE).read_text())
+    trained = int(read_manifest(d, "cross-encoder")["passage_max_tokens"])
+    (d / GATE_FILE).write_text(json.dumps({**gate, "passage_tokens": trained}))
+    with caplog.at_level("WARNING", logger="service.app"):
+        assert resolve_reranker(_cfg(models)).backend is not None  # default 0: the trained cap
+    assert "tokens of a passage" not in caplog.text
+    cfg = dataclasses.replace(_cfg(models), rerank_passage_tokens=trained - 8)
+    with caplog.at_level("WARNING", logger="service.app"):
+        assert resolve_reranker(cfg).backend is not None
+    assert f"reading {trained} tokens of a passage, this server reads {trained - 8}" in caplog.text
+
+
 def test_auto_uses_a_passing_model_with_its_tuned_alpha(models: Path, e5_fp32_dir: Path) -> None:
     d = _build(models, e5_fp32_dir)
     _gate(d, en=(0.40, 0.45), zh=(0.28, 0.33), alpha=0.6)
