@@ -115,55 +115,51 @@ def test_gate_records_the_served_order(tmp_path: Path) -> None:
     assert gate["passed"] and json.loads((d / GATE_FILE).read_text())["languages"]["zh"]["gain"] == 0.021
 
 
-def test_gate_records_the_rerank_depth_and_starts_over_at_another(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("key", "first", "other"), [("rerank_top_n", 20, 40), ("passage_tokens", 128, 192)])
+def test_gate_records_how_the_server_reranked_and_starts_over_at_another(tmp_path: Path, key: str, first: int,
+                                                                        other: int) -> None:
+    """The depth and the passage cap the server reranked at: a run at another starts over."""
     d = _model_dir(tmp_path)
     kw: dict[str, Any] = {"full_split": False, "full_corpus": True, "queries": 500, "documents": 27413, "embedder": "int8"}
-    update_gate(d, "en", 0.40, _sweep({"0.7": 0.44}), rerank_top_n=20, **kw)
-    gate = update_gate(d, "zh", 0.27, _sweep({"0.7": 0.29}), rerank_top_n=20, **kw)
-    assert gate["rerank_top_n"] == 20 and gate["passed"]
-    gate = update_gate(d, "en", 0.40, _sweep({"0.7": 0.45}), rerank_top_n=40, **kw)
-    assert gate["rerank_top_n"] == 40 and set(gate["languages"]) == {"en"} and not gate["passed"]
-    # A gate from before the key (measured at the then default) is not a measurement at 40.
-    legacy = {k: v for k, v in gate.items() if k != "rerank_top_n"}
+    update_gate(d, "en", 0.40, _sweep({"0.7": 0.44}), **{key: first}, **kw)
+    gate = update_gate(d, "zh", 0.27, _sweep({"0.7": 0.29}), **{key: first}, **kw)
+    assert gate[key] == first and gate["passed"]
+    gate = update_gate(d, "en", 0.40, _sweep({"0.7": 0.45}), **{key: other}, **kw)
+    assert gate[key] == other and set(gate["languages"]) == {"en"} and not gate["passed"]
+    # A gate from before the key (measured at the then default) is not a measurement at another.
+    legacy = {k: v for k, v in gate.items() if k != key}
     (d / GATE_FILE).write_text(json.dumps(legacy))
-    gate = update_gate(d, "zh", 0.27, _sweep({"0.7": 0.29}), rerank_top_n=40, **kw)
+    gate = update_gate(d, "zh", 0.27, _sweep({"0.7": 0.29}), **{key: other}, **kw)
     assert set(gate["languages"]) == {"zh"}
+
+
+def _gate_of_a_run(d: Path, tmp_path: Path, served: Config | None = None) -> dict[str, Any]:
+    """``service eval --gate``'s gate for a run whose server ran ``served``."""
+    settings = EvalSettings(out=tmp_path / "out", reranker=str(d), lang="en", gate=True, rerank_alpha=0.7)
+    results = [ModeResult("int8", "hybrid", "ok", metrics={"ndcg@10": 0.40}),
+               ModeResult("int8", "hybrid+rerank", "ok", metrics={"ndcg@10": 0.44}, alpha_sweep=_sweep({"0.7": 0.44}))]
+    judged = Judged(name="t", corpus={"a": "x"}, queries={"q": "y"}, qrels={"q": {"a"}})
+    return _write_gate(settings, results, judged, served)
 
 
 def test_the_gate_records_the_depth_the_eval_server_served(tmp_path: Path) -> None:
     """``service eval --gate`` writes the depth of the config its server ran (the config's
     default unless --rerank-top-n), not one read again from the environment afterwards."""
     d = _model_dir(tmp_path)
-    settings = EvalSettings(out=tmp_path / "out", reranker=str(d), lang="en", gate=True, rerank_alpha=0.7)
-    results = [ModeResult("int8", "hybrid", "ok", metrics={"ndcg@10": 0.40}),
-               ModeResult("int8", "hybrid+rerank", "ok", metrics={"ndcg@10": 0.44}, alpha_sweep=_sweep({"0.7": 0.44}))]
-    judged = Judged(name="t", corpus={"a": "x"}, queries={"q": "y"}, qrels={"q": {"a"}})
-    served = dataclasses.replace(Config(), rerank_top_n=37)
-    assert _write_gate(settings, results, judged, served)["rerank_top_n"] == 37
-    assert _write_gate(settings, results, judged)["rerank_top_n"] == Config().rerank_top_n  # none given: the default
+    assert _gate_of_a_run(d, tmp_path, dataclasses.replace(Config(), rerank_top_n=37))["rerank_top_n"] == 37
+    assert _gate_of_a_run(d, tmp_path)["rerank_top_n"] == Config().rerank_top_n  # none given: the default
 
 
-def test_gate_records_the_passage_cap_and_starts_over_at_another(tmp_path: Path) -> None:
+def test_the_gate_records_the_passage_cap_the_eval_server_read(tmp_path: Path) -> None:
     """A split reranker's gate names the passage cap its server read (``rerank_passage_tokens``,
-    0 = the trained cap) and a run at another cap starts the file over, as another depth does."""
+    0 = the trained cap, ``rerank_max_length`` bounding both); a joint one has none."""
     d = _model_dir(tmp_path)
+    assert "passage_tokens" not in _gate_of_a_run(d, tmp_path, Config())
     manifest = json.loads((d / "manifest.json").read_text())
     (d / "manifest.json").write_text(json.dumps({**manifest, "max_length": 192, "passage_max_tokens": 192}))
-    kw: dict[str, Any] = {"full_split": False, "full_corpus": True, "queries": 500, "documents": 27413, "embedder": "int8"}
-    update_gate(d, "en", 0.40, _sweep({"0.7": 0.44}), passage_tokens=128, **kw)
-    gate = update_gate(d, "zh", 0.27, _sweep({"0.7": 0.29}), passage_tokens=128, **kw)
-    assert gate["passage_tokens"] == 128 and gate["passed"]
-    gate = update_gate(d, "en", 0.40, _sweep({"0.7": 0.45}), passage_tokens=192, **kw)
-    assert gate["passage_tokens"] == 192 and set(gate["languages"]) == {"en"} and not gate["passed"]
-    settings = EvalSettings(out=tmp_path / "out", reranker=str(d), lang="en", gate=True, rerank_alpha=0.7)
-    results = [ModeResult("int8", "hybrid", "ok", metrics={"ndcg@10": 0.40}),
-               ModeResult("int8", "hybrid+rerank", "ok", metrics={"ndcg@10": 0.44}, alpha_sweep=_sweep({"0.7": 0.44}))]
-    judged = Judged(name="t", corpus={"a": "x"}, queries={"q": "y"}, qrels={"q": {"a"}})
-    assert _write_gate(settings, results, judged, Config())["passage_tokens"] == 192  # 0: the trained cap
-    served = dataclasses.replace(Config(), rerank_passage_tokens=128)
-    assert _write_gate(settings, results, judged, served)["passage_tokens"] == 128
-    served = dataclasses.replace(Config(), rerank_max_length=160)  # the pair budget bounds it too
-    assert _write_gate(settings, results, judged, served)["passage_tokens"] == 160
+    assert _gate_of_a_run(d, tmp_path, Config())["passage_tokens"] == 192
+    assert _gate_of_a_run(d, tmp_path, dataclasses.replace(Config(), rerank_passage_tokens=128))["passage_tokens"] == 128
+    assert _gate_of_a_run(d, tmp_path, dataclasses.replace(Config(), rerank_max_length=160))["passage_tokens"] == 160
 
 
 def test_compare_pairs_two_runs_on_their_common_questions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
