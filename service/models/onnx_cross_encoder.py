@@ -38,6 +38,8 @@ def passage_cap(manifest: dict[str, object], max_length: int | None, passage_tok
     """Tokens of a passage a split reranker reads (``rerank_passage_tokens``; 0 = its trained
     cap; ``rerank_max_length`` and the model's own limit bound both); None for a reranker
     without a passage cap (a joint one)."""
+    if passage_tokens < 0:
+        raise ValueError(f"rerank_passage_tokens must be 0 (the trained cap) or more, not {passage_tokens}")
     if "passage_max_tokens" not in manifest:
         return None
     limit = int(str(manifest["max_length"]))

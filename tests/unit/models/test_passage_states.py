@@ -165,6 +165,8 @@ def test_a_lower_passage_cap_keys_its_states_apart(tmp_path: Path, e5_fp32_dir: 
         assert len(short) < len(full)
     with pytest.raises(ValueError, match="no room"):
         OnnxCrossEncoder(model_dir, passage_tokens=3)
+    with pytest.raises(ValueError, match="rerank_passage_tokens must be 0"):
+        OnnxCrossEncoder(model_dir, passage_tokens=-1)
 
 
 @pytest.mark.slow
