@@ -43,9 +43,9 @@ def update_gate(model_dir: Path, lang: str, hybrid: float, sweep: dict[str, dict
     except (OSError, ValueError):
         gate = {}
     order_sha = head_order[0] if head_order else None
+    how = {"rerank_top_n": rerank_top_n, "passage_tokens": passage_tokens}  # how the head was reranked
     if (gate.get("onnx_sha256") != sha or gate.get("head_order_sha256") != order_sha
-            or gate.get("scoring", SCORING_JOINT) != scoring or gate.get("rerank_top_n") != rerank_top_n
-            or gate.get("passage_tokens") != passage_tokens):
+            or gate.get("scoring", SCORING_JOINT) != scoring or any(gate.get(k) != v for k, v in how.items())):
         gate = {}  # measured on another build, with another order, scoring, depth or cap: start over
     langs: dict[str, Any] = gate.get("languages", {})
     langs[lang] = {"hybrid": round(hybrid, 4), "alpha_sweep": {a: v["ndcg@10"] for a, v in sweep.items()},
@@ -59,8 +59,7 @@ def update_gate(model_dir: Path, lang: str, hybrid: float, sweep: dict[str, dict
         row["hybrid_rerank"] = row["served_order"] if order_sha else row["alpha_sweep"][best]
         row["gain"] = round(row["hybrid_rerank"] - row["hybrid"], 4)
     gate = {"onnx_sha256": sha, "head_order_sha256": order_sha, "scoring": scoring,
-            **({"rerank_top_n": rerank_top_n} if rerank_top_n is not None else {}),
-            **({"passage_tokens": passage_tokens} if passage_tokens is not None else {}), "split": "valid",
+            **{k: v for k, v in how.items() if v is not None}, "split": "valid",
             "metric": "ndcg@10", "alpha": float(best), "languages": langs, "required_languages": list(GATE_LANGUAGES)}
     why = gate_failure(gate, sha, order_sha, scoring)
     gate["passed"] = not why
