@@ -29,8 +29,10 @@ on the fast int8 kernels even where they saturate on 8-bit weights,
 ``_ort.int8_weights_cannot_saturate``): on an AVX2 CPU (or under
 ``tests/support/avx2_cpu.py``) the 8-bit rows take the exact kernels, as served before.
 ``--opensearch URL`` adds two towers servers on that OpenSearch node (each its own fresh
-indices, deleted after): vectors stored at ingest (``rerank_states`` "auto" there since
-2026-12-07) and nothing stored with write-back off (its default before).
+indices, deleted after): every vector stored at ingest (``rerank_states`` "auto" there since
+2026-12-07, here with the second pass for chunks past the cap) and nothing stored with
+write-back off (its default before); with ``--one-pass-only`` too, a third: its default
+now (the one pass only, write-back on; 1st and 2nd ask).
 ``--exact-kernels`` adds the stored-states and write-back rows once more with onnxruntime's
 exact int8 kernels forced (``session.x64quantprecision`` on every session, as serving ran
 before ``_ort.u8s8_saturates`` asked the CPU): on a CPU whose fast kernels are exact (VNNI)
@@ -226,6 +228,10 @@ async def main(n_docs: int, n_queries: int, caps: list[int], one_pass_only: bool
         if one_pass_only:
             runs["one pass only, 2nd ask"] = await serve(True, Path(tmp) / "one-pass-only", docs, queries,
                                                          write_back=True, second_pass=False)
+            if opensearch_url:  # the OpenSearch default since 2026-12-07 (evening)
+                runs["OpenSearch, one pass only, 2nd ask"] = await serve(
+                    True, Path(tmp) / "os-one-pass-only", docs, queries, write_back=True, second_pass=False,
+                    opensearch_url=opensearch_url)
 
     p50 = lambda xs: percentile(xs, 50)  # noqa: E731
     some = next(iter(runs.values()))

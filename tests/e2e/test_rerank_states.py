@@ -64,12 +64,13 @@ async def test_stored_states_rerank_like_recomputation(start_server: StartServer
     are quantised with one scale per batch, so the one graph alone moves a logit by up to
     ~0.5 with its batch company, and even fp16 states move one by ~0.09 (README)."""
     assert reranker.states_key is not None
-    live = await start_server(reranker=reranker, rerank_states=True)
+    live = await start_server(reranker=reranker, rerank_states=True, rerank_states_second_pass=True)
     engine = live.app.engine
     assert await _stored(engine, reranker.states_key) > 0
     # Ingest takes a chunk's states from its embedding pass when the embedder read exactly
     # the rerank's row (service/models/one_pass.py): every demo chunk (title, breadcrumb and
-    # text are read by both, within the cap), and not a chunk past the passage cap.
+    # text are read by both, within the cap), and not a chunk past the passage cap, which
+    # takes the second pass here (on, so that every passage this test reranks is stored).
     from tests.support.scrape import parse
 
     assert live.app.runtime.one_pass_states
@@ -136,14 +137,16 @@ async def _stored_anywhere(engine: Engine, key: str) -> int:
 
 async def test_one_pass_only_leaves_the_rest_to_the_first_rerank(start_server: StartServer,
                                                                   reranker: OnnxCrossEncoder) -> None:
-    """``rerank_states_second_pass`` off: ingest stores the states its embedding pass gives
-    (the demo's chunks, plain ones) and none for a chunk past the passage cap; a rerank
-    computes those, and write-back (on with the embedded engine) keeps them."""
+    """The default with ``rerank_states`` (``rerank_states_second_pass`` off): ingest stores
+    the states its embedding pass gives (the demo's chunks, plain ones) and none for a chunk
+    past the passage cap; a rerank computes those, write-back (on beside states at ingest)
+    keeps them, and what it keeps are the very bytes a second pass at ingest stores."""
     from tests.support.scrape import parse
 
     assert reranker.states_key is not None
-    live = await start_server(reranker=reranker, rerank_states=True, rerank_states_second_pass=False)
+    live = await start_server(reranker=reranker, rerank_states=True)
     engine = live.app.engine
+    assert not live.app.cfg.rerank_states_second_pass, "the default leaves chunks past the cap to their first rerank"
     assert live.app.runtime.one_pass_states and live.app.cfg.states_write_back
 
     def passes() -> dict[str, float]:
@@ -169,7 +172,16 @@ async def test_one_pass_only_leaves_the_rest_to_the_first_rerank(start_server: S
                                 options=retrieval_pb2.RetrievalOptions(min_quality=1e-9))
     assert "plain-2" in {e.source_id for e in evidence_of(reply)}
     await live.app.runner.rerank.states_write_back.drain()
-    assert len(await stored_for(plain[-1:])) == 1, "its first rerank computed them and write-back kept them"
+    written = await stored_for(plain[-1:])
+    assert len(written) == 1, "its first rerank computed them and write-back kept them"
+
+    # Parity: a server that takes the second pass at ingest stores the same bytes for it,
+    # so leaving it to the first rerank changes no score, only when the vector is computed.
+    second = await start_server(reranker=reranker, rerank_states=True, rerank_states_second_pass=True, demo=False)
+    await second.ingest(plain)
+    chunk = (await second.app.engine.get_chunks([make_chunk_id(plain[-1].source_id, 0, plain[-1].version)]))[0]
+    assert chunk.content_hash == (await engine.get_chunks([chunk.chunk_id]))[0].content_hash
+    assert await second.app.engine.passage_states([(chunk.chunk_id, chunk.content_hash)], reranker.states_key) == written
 
 
 async def test_write_back_stores_what_a_rerank_computed(start_server: StartServer, reranker: OnnxCrossEncoder,

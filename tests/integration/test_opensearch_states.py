@@ -23,6 +23,7 @@ from service.engines.opensearch import mapping
 from service.engines.opensearch.engine import OpenSearchEngine
 from service.models.base import EmbeddingBackend
 from service.models.onnx_cross_encoder import OnnxCrossEncoder
+from service.models.passage_states import rerank_passage_text
 from service.offline.builder import default_models_dir
 from tests.support.harness import demo_documents, evidence_of, launch, result_of, shutdown
 from tests.support.opensearch import drop_prefix, opensearch_url_or_skip, unique_prefix
@@ -104,6 +105,43 @@ async def test_chunks_ingested_without_states_get_them_from_their_first_rerank(
         assert refs[0][0] in stored
         again = await live.retrieve(query="reset password", top_k=3)
         assert [e.evidence_id for e in evidence_of(again)] == [e.evidence_id for e in evidence_of(events)]
+    finally:
+        await shutdown(live)
+
+
+async def test_a_chunk_past_the_passage_cap_gets_its_vector_at_its_first_rerank(
+        request: pytest.FixtureRequest, tmp_path: Path, e5_embedder: EmbeddingBackend) -> None:
+    """The default on OpenSearch stores what the embedding pass gives at ingest and leaves a
+    chunk past the passage cap (its rerank row is shorter than what the embedder read) to
+    its first rerank; write-back then stores it on the node, and the next rerank reads it."""
+    from tests.e2e.test_rerank_states import LONG_ZH
+
+    url, prefix, reranker = _node_and_reranker(request)
+    assert reranker.states_key is not None
+    cfg = dataclasses.replace(Config(), opensearch_url=url, opensearch_index_prefix=prefix,
+                              data_dir=tmp_path / "data", reranker_model="")
+    assert cfg.states_at_ingest and cfg.states_write_back and not cfg.rerank_states_second_pass
+    live = await launch(cfg, e5_embedder, reranker, demo=False)
+    try:
+        docs = [corpus_pb2.Document(source_id="long-zh", version="v1", text=LONG_ZH, collection=types_pb2.COLLECTION_DOC),
+                corpus_pb2.Document(source_id="short-zh", version="v1", text="定期寿险在保险期间内身故时给付保险金。",
+                                    collection=types_pb2.COLLECTION_DOC)]
+        summary = await live.ingest(docs)
+        assert summary.documents_indexed == 2 and not summary.errors
+        await live.app.engine.refresh()
+        chunks = {c.chunk_id: c for c in await live.app.engine.get_chunks(
+            [make_chunk_id(d.source_id, 0, d.version) for d in docs])}
+        long_ref, short_ref = [(c.chunk_id, c.content_hash) for c in (chunks[make_chunk_id(d.source_id, 0, d.version)]
+                                                                     for d in docs)]
+        assert list(await live.app.engine.passage_states([long_ref, short_ref], reranker.states_key)) == [short_ref[0]]
+        events = await live.retrieve(query="长期护理保险的等待期", top_k=3)
+        rerank = next(leg for leg in result_of(events).legs if leg.kind == types_pb2.LEG_KIND_RERANK)
+        assert rerank.status == types_pb2.LEG_STATUS_OK and "long-zh" in {e.source_id for e in evidence_of(events)}
+        await live.app.runner.rerank.states_write_back.drain()
+        await live.app.engine.refresh()
+        stored = await live.app.engine.passage_states([long_ref], reranker.states_key)
+        assert stored == dict(zip([long_ref[0]], reranker.passage_states([rerank_passage_text("", "", LONG_ZH)]))), \
+            "the vector a second pass at ingest would have stored"
     finally:
         await shutdown(live)
 
