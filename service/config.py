@@ -141,8 +141,10 @@ class Config:
     # cap: ~9 % of 500-character Chinese chunks, almost no English) without states at ingest, so
     # ingest never runs the lower layers twice; a chunk's first rerank computes its states
     # (the same bytes a second pass stores) and write-back keeps them ("keep only hot
-    # chunks"). true: a second pass at ingest, so no rerank ever computes (ingest with states
-    # in Chinese ~0.8x instead of ~0.9x of ingest without). Needs write-back (logged if off).
+    # chunks"). The cost lands on queries: a cold Chinese corpus's first reranks of 50 pairs
+    # read p50 ~100 ms instead of ~17 ms until its hot chunks are computed. true: a second
+    # pass at ingest, so no rerank computes (Chinese ingest with states ~0.83x instead of
+    # ~0.94x of ingest without; README "Ingest on OpenSearch"). Needs write-back (logged if off).
     rerank_states_second_pass: bool = False
     # Write-back: a rerank that computed a head chunk's states stores them (off the request
     # path), so only chunks that reach a rerank head pay storage and ingest pays nothing;
