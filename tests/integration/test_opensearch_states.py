@@ -114,7 +114,7 @@ async def test_a_chunk_past_the_passage_cap_gets_its_vector_at_its_first_rerank(
     """The default on OpenSearch stores what the embedding pass gives at ingest and leaves a
     chunk past the passage cap (its rerank row is shorter than what the embedder read) to
     its first rerank; write-back then stores it on the node, and the next rerank reads it."""
-    from tests.e2e.test_rerank_states import LONG_ZH
+    from tests.e2e.test_rerank_states import LONG_ZH, PLAIN
 
     url, prefix, reranker = _node_and_reranker(request)
     assert reranker.states_key is not None
@@ -123,16 +123,14 @@ async def test_a_chunk_past_the_passage_cap_gets_its_vector_at_its_first_rerank(
     assert cfg.states_at_ingest and cfg.states_write_back and not cfg.rerank_states_second_pass
     live = await launch(cfg, e5_embedder, reranker, demo=False)
     try:
-        docs = [corpus_pb2.Document(source_id="long-zh", version="v1", text=LONG_ZH, collection=types_pb2.COLLECTION_DOC),
-                corpus_pb2.Document(source_id="short-zh", version="v1", text="定期寿险在保险期间内身故时给付保险金。",
-                                    collection=types_pb2.COLLECTION_DOC)]
+        docs = [corpus_pb2.Document(source_id=source_id, version="v1", text=text, collection=types_pb2.COLLECTION_DOC)
+                for source_id, text in (("long-zh", LONG_ZH), ("short-zh", PLAIN[1]))]
         summary = await live.ingest(docs)
         assert summary.documents_indexed == 2 and not summary.errors
         await live.app.engine.refresh()
-        chunks = {c.chunk_id: c for c in await live.app.engine.get_chunks(
-            [make_chunk_id(d.source_id, 0, d.version) for d in docs])}
-        long_ref, short_ref = [(c.chunk_id, c.content_hash) for c in (chunks[make_chunk_id(d.source_id, 0, d.version)]
-                                                                     for d in docs)]
+        ids = [make_chunk_id(d.source_id, 0, d.version) for d in docs]
+        chunks = {c.chunk_id: c for c in await live.app.engine.get_chunks(ids)}
+        long_ref, short_ref = [(chunks[i].chunk_id, chunks[i].content_hash) for i in ids]
         assert list(await live.app.engine.passage_states([long_ref, short_ref], reranker.states_key)) == [short_ref[0]]
         events = await live.retrieve(query="长期护理保险的等待期", top_k=3)
         rerank = next(leg for leg in result_of(events).legs if leg.kind == types_pb2.LEG_KIND_RERANK)
@@ -140,7 +138,7 @@ async def test_a_chunk_past_the_passage_cap_gets_its_vector_at_its_first_rerank(
         await live.app.runner.rerank.states_write_back.drain()
         await live.app.engine.refresh()
         stored = await live.app.engine.passage_states([long_ref], reranker.states_key)
-        assert stored == dict(zip([long_ref[0]], reranker.passage_states([rerank_passage_text("", "", LONG_ZH)]))), \
+        assert stored == {long_ref[0]: reranker.passage_states([rerank_passage_text("", "", LONG_ZH)])[0]}, \
             "the vector a second pass at ingest would have stored"
     finally:
         await shutdown(live)
