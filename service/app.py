@@ -231,12 +231,14 @@ def pair_one_pass(cfg: Config, embedder: EmbeddingBackend, reranker: CrossEncode
         return None
     if cfg.rerank_states_second_pass:
         log.info("passage states at ingest: from the embedding pass where a chunk fits the passage cap")
-    elif cfg.states_write_back:
+    elif cfg.rerank_states_fill or cfg.states_write_back:
         log.info("passage states at ingest: from the embedding pass only; a chunk it cannot serve gets its "
-                 "states at its first rerank (write-back)")
+                 "states from %s", " or ".join(w for w, on in (("the fill once ingest is quiet", cfg.rerank_states_fill),
+                                                               ("its first rerank (write-back)", cfg.states_write_back))
+                                               if on))
     else:
-        log.warning("rerank_states_second_pass is off and write-back is off: chunks the embedding pass cannot "
-                    "serve get no stored states and every rerank computes theirs")
+        log.warning("rerank_states_second_pass, the fill and write-back are off: chunks the embedding pass "
+                    "cannot serve get no stored states and every rerank computes theirs")
     return one_pass
 
 
@@ -318,6 +320,7 @@ class App:
     metrics: ServiceMetrics
     tracer: Tracer
     latin_backfill: asyncio.Task[BackfillProgress] | None = None
+    states_fill: asyncio.Task[None] | None = None
 
     @classmethod
     def build(
@@ -368,7 +371,7 @@ class App:
                                rerank_unavailable=choice.reason, quality=load_quality_model(cfg, embedder, choice),
                                writer=writer, metrics=metrics, tracer=tracer)
         return cls(cfg, engine, runtime, ledger, runner,
-                   Ingestor(cfg, engine, runtime), writer, LedgerOperations(ledger, writer, cfg.critical_gap_threshold),
+                   Ingestor(cfg, engine, runtime, metrics), writer, LedgerOperations(ledger, writer, cfg.critical_gap_threshold),
                    plan_rules, metrics, tracer)
 
     async def start(self) -> None:
@@ -379,6 +382,8 @@ class App:
         await self.runtime.start()
         if self.runtime.latin_embedder is not None:
             await self._start_latin_backfill()
+        if self.ingestor.states_fill is not None:  # passage states for chunks without, while idle
+            self.states_fill = asyncio.get_running_loop().create_task(self.ingestor.states_fill.run(), name="states-fill")
         log.info("app started: engine=%s models=%s", self.engine.name, self.runner.model_ids)
 
     async def _start_latin_backfill(self) -> None:
@@ -408,10 +413,12 @@ class App:
         self.latin_backfill = asyncio.get_running_loop().create_task(backfill.run())
 
     async def close(self) -> None:
-        if self.latin_backfill is not None:
-            self.latin_backfill.cancel()
+        background = {t for t in (self.latin_backfill, self.states_fill) if t is not None}
+        for task in background:
+            task.cancel()
+        if background:
             # Bounded: a stop must not wait on a task stuck in a call that ignores the cancel.
-            await asyncio.wait({self.latin_backfill}, timeout=5.0)
+            await asyncio.wait(background, timeout=5.0)
         await self.runner.rerank.states_write_back.drain()
         await self.runtime.close()
         await self.engine.close()

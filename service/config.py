@@ -139,13 +139,22 @@ class Config:
     rerank_states_one_pass: bool = True
     # With the one pass: false (default) leaves the chunks it cannot serve (past the passage
     # cap: ~9 % of 500-character Chinese chunks, almost no English) without states at ingest, so
-    # ingest never runs the lower layers twice; a chunk's first rerank computes its states
-    # (the same bytes a second pass stores) and write-back keeps them ("keep only hot
-    # chunks"). The cost lands on queries: a cold Chinese corpus's first reranks of 50 pairs
-    # read p50 ~100 ms instead of ~17 ms until its hot chunks are computed. true: a second
-    # pass at ingest, so no rerank computes (Chinese ingest with states ~0.83x instead of
-    # ~0.94x of ingest without; README "Ingest on OpenSearch"). Needs write-back (logged if off).
+    # ingest never runs the lower layers twice; the fill below computes them once ingest is
+    # quiet (the same bytes a second pass stores), and a rerank that comes first computes
+    # them itself, kept by write-back: a cold Chinese corpus's reranks of 50 pairs read p50
+    # ~100 ms instead of ~20 ms until then. true: a second pass at ingest, so no rerank
+    # computes (Chinese ingest with states ~0.83x instead of ~0.94x of ingest without; README
+    # "Ingest on OpenSearch"). Needs the fill or write-back (logged if both are off).
     rerank_states_second_pass: bool = False
+    # With rerank_states: the fill (service/ingest/states_fill.py) computes the states of
+    # the chunks that have none for the served reranker (those the one pass above left, or
+    # stored before states were on or under another reranker) in the background, one chunk
+    # at a time on one ingest thread, only once ingest has been quiet for
+    # rerank_states_fill_idle_s and no query is using the models; so after a bulk load the
+    # first reranks read stored states too, and bulk ingest keeps its speed. false: such a
+    # chunk waits for its first rerank (write-back).
+    rerank_states_fill: bool = True
+    rerank_states_fill_idle_s: float = 2.0
     # Write-back: a rerank that computed a head chunk's states stores them (off the request
     # path), so only chunks that reach a rerank head pay storage and ingest pays nothing;
     # the first rerank of a chunk computes, the next ones read the same bytes (so no answer

@@ -213,6 +213,15 @@ class Engine(abc.ABC):
         that stores none returns {}."""
         return {}
 
+    async def chunks_without_states(self, states_key: str, after: str, limit: int
+                                    ) -> tuple[list[tuple[str, str, str]], str | None]:
+        """One page of the fill of passage states (``ingest/states_fill.py``): of the next
+        ``limit`` chunks by chunk id after ``after`` ("" = from the start), those without
+        states stored for ``states_key`` at their current content hash, as ``(chunk_id,
+        content_hash, search_text)`` (the text their states are computed over), and the id
+        to read on from (None: no chunk is left to read). An engine that stores none: ([], None)."""
+        return [], None
+
     async def put_passage_states(self, states: Sequence[tuple[str, str, bytes]], states_key: str) -> int:
         """Store ``(chunk_id, content_hash, states)`` computed by a rerank for chunks that had
         none (write-back, ``rerank_states_write_back``), each only where that chunk still

@@ -6,7 +6,10 @@ With a reranker that can reuse passage states (``runtime.states_key``) and ``rer
 on, each chunk's states are computed here too and stored with it (README "Cached passage
 states"; read off the embedding pass where they can be, ``service/models/one_pass.py``);
 the hash leaves the reranker out, so a new reranker does not re-ingest anything: its key
-differs and reranks compute the states until the document is next re-ingested.
+differs, and the fill's scan at start (``states_fill.py``) computes the states in the
+background (a rerank that comes first computes its head's itself). The chunks ingest
+stores without states (past the passage cap, with the one pass only) are handed to the
+fill, which computes theirs once ingest has been quiet for a while.
 With a Latin-script embedder (``latin_embedding_model``), chunks without Han characters also
 get its vector, in the same pool; the hash covers that model too, so turning it on re-embeds
 a document at its next ingest.
@@ -17,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,9 +28,13 @@ from service.config import Config
 from service.engines.base import ChunkRecord, Engine, Vector, make_chunk_id
 from service.ingest.chunking import chunk_document, embedded_text
 from service.ingest.documents import DocumentInput, validate_document
+from service.ingest.states_fill import StatesFill
 from service.models.base import FloatArray
 from service.models.runtime import ModelRuntime
 from service.script import has_han
+
+if TYPE_CHECKING:
+    from service.observability.metrics import ServiceMetrics
 
 # Ingest is not latency-critical; give embedding generous room but never wait forever.
 _EMBED_DEADLINE_S = 600.0
@@ -41,17 +49,38 @@ class IngestOutcome:
 
 
 class Ingestor:
-    def __init__(self, cfg: Config, engine: Engine, runtime: ModelRuntime) -> None:
+    def __init__(self, cfg: Config, engine: Engine, runtime: ModelRuntime,
+                 metrics: ServiceMetrics | None = None) -> None:
         self.cfg = cfg
         self.engine = engine
         self.runtime = runtime
+        self._active = 0  # documents being ingested now
+        self._quiet_since = time.monotonic()
+        # The fill of the states ingest leaves (run by the app); None: states are not
+        # stored at ingest, or the fill is off.
+        self.states_fill: StatesFill | None = None
+        if runtime.ingest_states and runtime.states_key is not None and cfg.rerank_states_fill:
+            self.states_fill = StatesFill(engine, runtime, runtime.states_key, ingest_idle_for=self.idle_for,
+                                          idle_s=cfg.rerank_states_fill_idle_s, metrics=metrics)
         info = runtime.embedder.info
         self._model_key = f"{info.model_id}@{info.sha256}"
         if runtime.latin_embedder is not None:
             latin = runtime.latin_embedder.info
             self._model_key += f"+latin:{latin.model_id}@{latin.sha256}"
 
+    def idle_for(self) -> float:
+        """Seconds since the last document was ingested; 0 while one is."""
+        return 0.0 if self._active else time.monotonic() - self._quiet_since
+
     async def ingest(self, doc: DocumentInput) -> IngestOutcome:
+        self._active += 1
+        try:
+            return await self._ingest(doc)
+        finally:
+            self._active -= 1
+            self._quiet_since = time.monotonic()
+
+    async def _ingest(self, doc: DocumentInput) -> IngestOutcome:
         violations = validate_document(doc)
         if violations:
             first = violations[0]
@@ -105,6 +134,8 @@ class Ingestor:
         if report.errors:
             return IngestOutcome("failed", report.written,
                                  message="; ".join(f"{e.chunk_id}: {e.message}" for e in report.errors[:5]))
+        if states_key is not None and self.states_fill is not None:
+            self.states_fill.left([(r.chunk_id, content_hash, r.search_text) for r in records if r.rerank_states is None])
         return IngestOutcome("indexed", len(records))
 
     async def _latin(self, texts: list[str], rows: list[int], deadline: float) -> FloatArray:

@@ -95,6 +95,11 @@ class ServiceMetrics:
             "retrieval_passage_states_write_back",
             "Passage states reranks computed and offered for storage, by result (written; stale: the chunk "
             "changed or went; skipped: too many writes in flight; failed)", ["result"], registry=r)
+        self.states_fill = Counter(
+            "retrieval_passage_states_fill",
+            "Chunks the background fill of passage states handled, by result (written; had: stored meanwhile, "
+            "by a rerank's write-back or a re-ingest; stale: the chunk changed or went before it was stored)",
+            ["result"], registry=r)
         self.ingest_states_passes = Counter(
             "retrieval_ingest_passage_states",
             "Chunks ingest computed passage states for, by pass (one: tapped from the embedding pass; two: the "

@@ -6,14 +6,17 @@ per language let most first asks find their head already computed).
     .venv/bin/python tests/bench/bench_first_rerank.py [--docs 4000] [--queries 60] [--lang zh] \
         [--rerank-top-n 20] [--opensearch URL]
 
-Two fresh servers (real gRPC, the default models and the shipped split reranker; the
+Three fresh servers (real gRPC, the default models and the shipped split reranker; the
 embedded engine, or with ``--opensearch`` each its own fresh indices on that node), the same
 InsuranceQA valid answers and questions: one storing every vector at ingest (second pass
-on), one with the one pass only and write-back, where each question is asked twice (the
-first ask computes the head chunks past the passage cap, write-back stores them, the second
-reads them). Prints the rerank stage's p50 / p90 per server and ask, hybrid + rerank p50,
-and ingest chunks/s (one run each: the ingest bench, ``bench_ingest_states.py``, is the one
-for ingest ratios).
+on); one with the one pass only and write-back, the fill off, where each question is asked
+twice (the first ask computes the head chunks past the passage cap, write-back stores them,
+the second reads them); and the default, the one pass only with the fill
+(``ingest/states_fill.py``), asked once the fill caught up after ingest. Prints the rerank
+stage's p50 / p90 per server and ask, hybrid + rerank p50, ingest chunks/s (one run each:
+the ingest bench, ``bench_ingest_states.py``, is the one for ingest ratios), and how long
+the fill took (from the last ingest ack, its quiet wait included) for how many chunks, and
+what a start's scan of the caught-up store takes.
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ async def main(n_docs: int, n_queries: int, lang: str, opensearch_url: str) -> N
         second = await rerank_bench.serve(True, Path(tmp) / "second-pass", docs, queries, second_pass=True,
                                           opensearch_url=opensearch_url)
         only = await rerank_bench.serve(True, Path(tmp) / "one-pass-only", docs, queries, write_back=True,
-                                        second_pass=False, opensearch_url=opensearch_url)
+                                        second_pass=False, opensearch_url=opensearch_url, fill=False)
+        filled = await rerank_bench.serve(True, Path(tmp) / "one-pass-fill", docs, queries, write_back=True,
+                                          second_pass=False, opensearch_url=opensearch_url, fill=True)
     depth = rerank_bench.RERANK_TOP_N or load_config(None).rerank_top_n
     print(f"{lang}{' on OpenSearch' if opensearch_url else ''}: {len(docs)} documents -> {second.chunks} chunks; "
           f"{len(questions)} questions; rerank head {depth} pairs")
@@ -52,6 +57,11 @@ async def main(n_docs: int, n_queries: int, lang: str, opensearch_url: str) -> N
     row("every vector stored at ingest", second.rerank_ms[lang], second.total_ms[lang], second.chunks / second.ingest_s)
     row("one pass only, 1st ask (computes)", only.first_rerank_ms[lang], None, only.chunks / only.ingest_s)
     row("one pass only, 2nd ask (all read)", only.rerank_ms[lang], only.total_ms[lang], None)
+    row("one pass only + fill, 1st ask", filled.first_rerank_ms[lang], None, filled.chunks / filled.ingest_s)
+    row("one pass only + fill, 2nd ask", filled.rerank_ms[lang], filled.total_ms[lang], None)
+    print(f"the fill: {filled.filled} chunks in {filled.fill_s:.1f} s after the last ingest ack "
+          f"(its {load_config(None).rerank_states_fill_idle_s:.0f} s quiet wait included); a start's scan of the "
+          f"caught-up store: {filled.scan_s:.2f} s")
 
 
 if __name__ == "__main__":

@@ -107,6 +107,9 @@ class Run:
     total_ms: dict[str, list[float]] = dataclasses.field(default_factory=dict)
     bytes_per_chunk: list[int] = dataclasses.field(default_factory=list)
     first_rerank_ms: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # write-back: pass 1
+    fill_s: float = 0.0  # with the fill: from the last ingest ack until it caught up
+    filled: int = 0  # chunks the fill gave states
+    scan_s: float = 0.0  # with the fill: one scan of the caught-up store (what each start reads)
 
 
 def models_with_joint_bits(out: Path, bits: int) -> Path:
@@ -127,13 +130,16 @@ def models_with_joint_bits(out: Path, bits: int) -> Path:
 async def serve(states: bool, data_dir: Path, docs: list[corpus_pb2.Document],
                 queries: dict[str, list[str]], compact: bool = False, one_graph: bool = False,
                 write_back: bool = False, passage_cap: int | None = None, second_pass: bool = True,
-                models_dir: Path | None = None, scoring: str = "auto", opensearch_url: str = "") -> Run:
+                models_dir: Path | None = None, scoring: str = "auto", opensearch_url: str = "",
+                fill: bool = False) -> Run:
+    """One fresh server, every setting spelled out. ``fill``: the fill of passage states on
+    (``ingest/states_fill.py``), and the questions wait until it caught up after ingest."""
     cfg = load_config(None)
     cfg = dataclasses.replace(cfg, rerank_top_n=RERANK_TOP_N or cfg.rerank_top_n, data_dir=data_dir,
                               reranker_model=RERANKER, rerank_states=states,
                               rerank_states_compact=compact, rerank_states_write_back=write_back,
                               rerank_states_second_pass=second_pass, api_keys_file="",
-                              opensearch_url=opensearch_url, rerank_scoring=scoring)
+                              opensearch_url=opensearch_url, rerank_scoring=scoring, rerank_states_fill=fill)
     if opensearch_url:
         cfg = dataclasses.replace(cfg, opensearch_index_prefix=unique_prefix("bench-states"))
     if models_dir is not None:
@@ -154,6 +160,17 @@ async def serve(states: bool, data_dir: Path, docs: list[corpus_pb2.Document],
             retrieval = retrieval_pb2_grpc.RetrievalServiceStub(ch)
 
             run.ingest_s, run.chunks = await timed_ingest(corpus_stub, docs)
+            if fill:
+                t0 = time.perf_counter()
+                states_fill = app.ingestor.states_fill
+                assert states_fill is not None
+                while not states_fill.caught_up:
+                    await asyncio.sleep(0.05)
+                run.fill_s, run.filled = time.perf_counter() - t0, states_fill.progress.written
+                t0, after = time.perf_counter(), ""  # what a restart's scan reads of a caught-up store
+                while after is not None:
+                    _, after = await app.engine.chunks_without_states(states_fill.states_key, after, states_fill.page)
+                run.scan_s = time.perf_counter() - t0
             options = retrieval_pb2.RetrievalOptions(rerank=types_pb2.RERANK_MODE_ON, min_quality=1e-9)
             for lang, qs in queries.items():
                 for q in qs[:2]:  # warm up (not timed): sessions, caches, first-query paths

@@ -4,6 +4,8 @@ recomputing every passage does, and a restart keeps them (README "Cached passage
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from service._gen.retrieval.v1 import corpus_pb2, retrieval_pb2, types_pb2
@@ -144,7 +146,8 @@ async def test_one_pass_only_leaves_the_rest_to_the_first_rerank(start_server: S
     from tests.support.scrape import parse
 
     assert reranker.states_key is not None
-    live = await start_server(reranker=reranker, rerank_states=True)
+    # The fill off: it would compute the long chunk's states once ingest is quiet (below).
+    live = await start_server(reranker=reranker, rerank_states=True, rerank_states_fill=False)
     engine = live.app.engine
     assert not live.app.cfg.rerank_states_second_pass, "the default leaves chunks past the cap to their first rerank"
     assert live.app.runtime.one_pass_states and live.app.cfg.states_write_back
@@ -182,6 +185,40 @@ async def test_one_pass_only_leaves_the_rest_to_the_first_rerank(start_server: S
     chunk = (await second.app.engine.get_chunks([make_chunk_id(plain[-1].source_id, 0, plain[-1].version)]))[0]
     assert chunk.content_hash == (await engine.get_chunks([chunk.chunk_id]))[0].content_hash
     assert await second.app.engine.passage_states([(chunk.chunk_id, chunk.content_hash)], reranker.states_key) == written
+
+
+async def test_the_fill_computes_what_ingest_left_before_a_rerank_has_to(
+        start_server: StartServer, reranker: OnnxCrossEncoder, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default with ``rerank_states``: the chunk past the cap that ingest left gets its
+    states from the fill once ingest is quiet (``ingest/states_fill.py``), the bytes its
+    first rerank would have computed, so that rerank computes nothing."""
+    assert reranker.states_key is not None
+    live = await start_server(reranker=reranker, rerank_states=True, rerank_states_fill_idle_s=0.2)
+    engine, fill = live.app.engine, live.app.ingestor.states_fill
+    assert live.app.cfg.rerank_states_fill and fill is not None
+    long_doc = corpus_pb2.Document(source_id="long-zh", version="v1", text=LONG_ZH, collection=types_pb2.COLLECTION_DOC)
+    await live.ingest([long_doc])
+    async with asyncio.timeout(60):
+        while not fill.caught_up:
+            await asyncio.sleep(0.05)
+    [long_chunk] = await engine.get_chunks([make_chunk_id("long-zh", 0, "v1")])
+    assert await engine.passage_states([(long_chunk.chunk_id, long_chunk.content_hash)], reranker.states_key) == {
+        long_chunk.chunk_id: reranker.passage_states([long_chunk.search_text])[0]}
+    assert await engine.chunks_without_states(reranker.states_key, "", 1000) == ([], None)
+    assert fill.progress.written == 1, "the demo's chunks had theirs from ingest"
+
+    left: list[int] = []
+    rerank = live.app.runtime.rerank
+
+    async def counting(query, passages, deadline, states=None, computed=None):  # type: ignore[no-untyped-def]
+        left.append(sum(s is None for s in states or [None] * len(passages)))
+        return await rerank(query, passages, deadline, states, computed)
+
+    monkeypatch.setattr(live.app.runtime, "rerank", counting)
+    reply = await live.retrieve(query="长期护理保险的等待期和给付期间", top_k=8,
+                                options=retrieval_pb2.RetrievalOptions(min_quality=1e-9))
+    assert "long-zh" in {e.source_id for e in evidence_of(reply)}
+    assert left == [0], "the first rerank read every passage's states"
 
 
 async def test_write_back_stores_what_a_rerank_computed(start_server: StartServer, reranker: OnnxCrossEncoder,

@@ -7,6 +7,7 @@ added in place when the engine starts, as does one created before the Latin-scri
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import dataclasses
 from collections.abc import Sequence
@@ -77,9 +78,9 @@ async def test_service_stores_states_and_reingest_replaces_them(request: pytest.
 
 async def test_chunks_ingested_without_states_get_them_from_their_first_rerank(
         request: pytest.FixtureRequest, tmp_path: Path, e5_embedder: EmbeddingBackend) -> None:
-    """An index filled before states were stored at ingest (or under another reranker):
-    with the default on OpenSearch, write-back fills each head chunk once, so reranks do
-    not compute those chunks forever."""
+    """An index filled before states were stored at ingest (or under another reranker),
+    with the fill off: write-back fills each head chunk once, so reranks do not compute
+    those chunks forever."""
     url, prefix, reranker = _node_and_reranker(request)
     assert reranker.states_key is not None
     before = dataclasses.replace(Config(), opensearch_url=url, opensearch_index_prefix=prefix,
@@ -92,7 +93,7 @@ async def test_chunks_ingested_without_states_get_them_from_their_first_rerank(
         assert refs and await old.app.engine.passage_states(refs, reranker.states_key) == {}
     finally:
         await shutdown(old)
-    cfg = dataclasses.replace(before, data_dir=tmp_path / "now", rerank_states="auto")
+    cfg = dataclasses.replace(before, data_dir=tmp_path / "now", rerank_states="auto", rerank_states_fill=False)
     assert cfg.states_at_ingest and cfg.states_write_back
     live = await launch(cfg, e5_embedder, reranker, demo=False)
     try:
@@ -113,13 +114,14 @@ async def test_a_chunk_past_the_passage_cap_gets_its_vector_at_its_first_rerank(
         request: pytest.FixtureRequest, tmp_path: Path, e5_embedder: EmbeddingBackend) -> None:
     """The default on OpenSearch stores what the embedding pass gives at ingest and leaves a
     chunk past the passage cap (its rerank row is shorter than what the embedder read) to
-    its first rerank; write-back then stores it on the node, and the next rerank reads it."""
+    the fill, or with the fill off to its first rerank; write-back then stores it on the
+    node, and the next rerank reads it."""
     from tests.e2e.test_rerank_states import LONG_ZH, PLAIN
 
     url, prefix, reranker = _node_and_reranker(request)
     assert reranker.states_key is not None
     cfg = dataclasses.replace(Config(), opensearch_url=url, opensearch_index_prefix=prefix,
-                              data_dir=tmp_path / "data", reranker_model="")
+                              data_dir=tmp_path / "data", reranker_model="", rerank_states_fill=False)
     assert cfg.states_at_ingest and cfg.states_write_back and not cfg.rerank_states_second_pass
     live = await launch(cfg, e5_embedder, reranker, demo=False)
     try:
@@ -140,6 +142,59 @@ async def test_a_chunk_past_the_passage_cap_gets_its_vector_at_its_first_rerank(
         stored = await live.app.engine.passage_states([long_ref], reranker.states_key)
         assert stored == {long_ref[0]: reranker.passage_states([rerank_passage_text("", "", LONG_ZH)])[0]}, \
             "the vector a second pass at ingest would have stored"
+    finally:
+        await shutdown(live)
+
+
+async def test_the_fill_gives_states_to_chunks_stored_without_and_past_the_cap(
+        request: pytest.FixtureRequest, tmp_path: Path, e5_embedder: EmbeddingBackend,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default on OpenSearch with the fill (``ingest/states_fill.py``): chunks stored
+    before states were on (found by the start's scan) and a chunk past the passage cap
+    (handed over by ingest) get their states once ingest is quiet, the very bytes a rerank
+    would compute, so the first rerank computes none."""
+    from tests.e2e.test_rerank_states import LONG_ZH
+    from tests.support.scrape import parse
+
+    url, prefix, reranker = _node_and_reranker(request)
+    assert reranker.states_key is not None
+    before = dataclasses.replace(Config(), opensearch_url=url, opensearch_index_prefix=prefix,
+                                 data_dir=tmp_path / "before", reranker_model="", rerank_states="false")
+    old = await launch(before, e5_embedder, reranker)  # the demo corpus, stored without states
+    await shutdown(old)
+    cfg = dataclasses.replace(before, data_dir=tmp_path / "now", rerank_states="auto", rerank_states_fill_idle_s=0.2)
+    assert cfg.states_at_ingest and cfg.rerank_states_fill and not cfg.rerank_states_second_pass
+    live = await launch(cfg, e5_embedder, reranker, demo=False)
+    try:
+        engine, fill = live.app.engine, live.app.ingestor.states_fill
+        assert fill is not None
+        summary = await live.ingest([corpus_pb2.Document(source_id="long-zh", version="v1", text=LONG_ZH,
+                                                         collection=types_pb2.COLLECTION_DOC)])
+        assert summary.documents_indexed == 1 and not summary.errors
+        async with asyncio.timeout(120):
+            while not fill.caught_up:
+                await asyncio.sleep(0.05)
+        await engine.refresh()
+        assert await engine.chunks_without_states(reranker.states_key, "", 1000) == ([], None)
+        long_id = make_chunk_id("long-zh", 0, "v1")
+        demo_id = make_chunk_id("kb-password-reset", 0, "v1")
+        chunks = {c.chunk_id: c for c in await engine.get_chunks([long_id, demo_id])}
+        got = await engine.passage_states([(c.chunk_id, c.content_hash) for c in chunks.values()], reranker.states_key)
+        assert got == {i: reranker.passage_states([chunks[i].search_text])[0] for i in (long_id, demo_id)}
+        scraped = parse(live.app.metrics.exposition().decode())
+        assert scraped[("retrieval_passage_states_fill_total", (("result", "written"),))] == fill.progress.written > 1
+
+        left: list[int] = []
+        rerank = live.app.runtime.rerank
+
+        async def counting(query, passages, deadline, states=None, computed=None):  # type: ignore[no-untyped-def]
+            left.append(sum(s is None for s in states or [None] * len(passages)))
+            return await rerank(query, passages, deadline, states, computed)
+
+        monkeypatch.setattr(live.app.runtime, "rerank", counting)
+        events = await live.retrieve(query="长期护理保险的等待期", top_k=3)
+        assert "long-zh" in {e.source_id for e in evidence_of(events)}
+        assert left == [0], "every passage of the first rerank was stored"
     finally:
         await shutdown(live)
 

@@ -241,6 +241,20 @@ class EmbeddedEngine(Engine):
 
         return await self._call(work)
 
+    async def chunks_without_states(self, states_key: str, after: str, limit: int
+                                    ) -> tuple[list[tuple[str, str, str]], str | None]:
+        def work() -> tuple[list[tuple[str, str, str]], str | None]:
+            with self._index_lock:
+                page = self._index.chunks_after(after, limit)
+            if not page:
+                return [], None
+            assert self._store is not None
+            stored = self._store.passage_states([(c.chunk_id, c.content_hash) for c in page], states_key)
+            return ([(c.chunk_id, c.content_hash, c.search_text) for c in page if c.chunk_id not in stored],
+                    page[-1].chunk_id if len(page) == limit else None)
+
+        return await self._call(work)
+
     async def put_vectors(self, field: VectorField, vectors: Sequence[tuple[str, str, Vector]]) -> int:
         items = list(vectors)
         if not items:

@@ -9,6 +9,7 @@ renumbers everything in one pass. Not thread-safe: the engine serialises access.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from array import array
 from collections.abc import Iterable, Sequence
 
@@ -118,6 +119,11 @@ class MemoryIndex:
         index = self.vector_index(field)
         missing = sorted(cid for cid, slot in self._slot_of.items() if cid > after and not index.get_present(slot))
         return [self.hit_record(self._slot_of[cid]) for cid in missing[:limit]]
+
+    def chunks_after(self, after: str, limit: int) -> list[ChunkRecord]:
+        """Up to ``limit`` live chunks by chunk id after ``after``."""
+        ids = heapq.nsmallest(limit, (cid for cid in self._slot_of if cid > after))
+        return [self.hit_record(self._slot_of[cid]) for cid in ids]
 
     def set_vector(self, field: VectorField, chunk_id: str, vector: npt.NDArray[np.float32]) -> None:
         slot = self._slot_of.get(chunk_id)

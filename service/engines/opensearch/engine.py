@@ -618,6 +618,25 @@ class OpenSearchEngine(Engine):
         return [(h["_source"]["chunk_id"], h["_source"]["content_hash"], h["_source"]["search_text"])
                 for h in resp.get("hits", {}).get("hits", [])]
 
+    async def chunks_without_states(self, states_key: str, after: str, limit: int
+                                    ) -> tuple[list[tuple[str, str, str]], str | None]:
+        """One page of every chunk by the ``chunk_id`` keyword (``search_after``), with the
+        states key but not the states; the filter is ours, the key being stored, not indexed
+        (states and key are written together, and a re-ingest rewrites both)."""
+        await self._ensure_index()
+        body: JSON = {"size": limit, "query": {"match_all": {}}, "sort": [{"chunk_id": "asc"}],
+                      "_source": ["chunk_id", "content_hash", "search_text", "rerank_states_key"]}
+        if after:
+            body["search_after"] = [after]
+        resp = await self._request(
+            self._client.search(index=self.alias, body=body, request_timeout=self.request_timeout_s),
+            "search", self.request_timeout_s + 0.5,
+        )
+        page = [h["_source"] for h in resp.get("hits", {}).get("hits", [])]
+        rows = [(d["chunk_id"], d["content_hash"], d["search_text"]) for d in page
+                if d.get("rerank_states_key") != states_key]
+        return rows, (page[-1]["chunk_id"] if len(page) == limit else None)
+
     async def put_vectors(self, field: VectorField, vectors: Sequence[tuple[str, str, Vector]]) -> int:
         """One bulk of scripted partial updates, each a no-op unless the chunk still has that
         content hash and no such vector (a missing chunk answers 404: nothing is created). A

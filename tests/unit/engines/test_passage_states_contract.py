@@ -111,3 +111,32 @@ async def test_write_back_lands_only_on_the_chunk_version_it_was_computed_for(en
     if engine_kit.reopen is not None:
         reopened: Engine = await engine_kit.reopen()
         assert await reopened.passage_states([ref(a)], KEY) == {a.chunk_id: b"again"}
+
+
+async def test_chunks_without_states_are_paged_by_chunk_id(engine_kit: EngineKit) -> None:
+    """What the fill of passage states reads (``ingest/states_fill.py``): every chunk whose
+    states are missing, for another key, or stale, by chunk id, a page at a time, with the id
+    to read on from and None after the last page."""
+    engine = engine_kit.engine
+    has = with_states(chunk("S1", 0, "alpha policy"), b"states")
+    bare = chunk("S1", 1, "beta policy")
+    other = with_states(chunk("S2", 0, "gamma policy"), b"other states", key="reranker-b:lower-9999:f1")
+    written_back = chunk("S3", 0, "delta policy")
+    await put(engine, has, bare, other, written_back)
+    await engine.put_passage_states([(written_back.chunk_id, written_back.content_hash, b"computed")], KEY)
+    await engine.refresh()
+    want = sorted((c.chunk_id, c.content_hash, c.search_text) for c in (bare, other))
+    rows, after, pages = [], "", 0
+    while after is not None:
+        page, next_from = await engine.chunks_without_states(KEY, after, 3)
+        assert next_from is None or next_from > after
+        rows += page
+        after, pages = next_from, pages + 1
+    assert rows == want and pages == 2  # four chunks, three a page: the short second page is the last
+    whole, end = await engine.chunks_without_states(KEY, "", 10)
+    assert whole == want and end is None
+    # A re-ingest of changed content leaves the new version without states.
+    changed = dataclasses.replace(has, text="alpha policy changed", content_hash="h2", rerank_states=None,
+                                  rerank_states_key="")
+    await put(engine, changed)
+    assert (changed.chunk_id, "h2", changed.search_text) in (await engine.chunks_without_states(KEY, "", 10))[0]
