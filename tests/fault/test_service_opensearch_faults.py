@@ -9,6 +9,8 @@ engine and the node, or from SIGSTOP/SIGCONT of a node of our own; nothing is mo
 - the service starts while the node is down (refusing) or hung (black-holed): NOT_SERVING,
   attempts BACKEND_ERROR/TIMEOUT, then SERVING within a few seconds of the node coming
   back, and ingest + retrieval work, no restart;
+- the fill of passage states meets a node that went down after ingest: it keeps the chunk
+  ingest left and stores its states once the node is back;
 - SIGSTOP of the node's JVM -> TIMEOUT before the deadline; SIGCONT -> recovery.
 """
 
@@ -25,7 +27,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from service._gen.retrieval.v1 import retrieval_pb2, types_pb2
+from service._gen.retrieval.v1 import corpus_pb2, retrieval_pb2, types_pb2
 from service.config import Config
 from service.demo.corpus import DEMO_DOCUMENTS
 from service.models.base import EmbeddingBackend
@@ -243,6 +245,42 @@ async def test_the_latin_leg_waits_for_a_node_down_at_start_then_catches_up(
         assert result.outcome == FOUND and sources, (name(result.outcome), legs_of(result))
         assert legs_of(result)["LEG_KIND_KNN_LATIN"] == "LEG_STATUS_OK"
         print(f"\n[Latin-script leg, start while {fault}] server up in {start_s:.2f}s; caught up once the node was back")
+    finally:
+        await stop_live(live)
+
+
+@pytest.mark.parametrize("fault", ["refused", "hung"])
+async def test_the_fill_waits_out_a_node_down_then_stores_what_ingest_left(
+    proxy: TcpProxy, prefix: str, tmp_path: Path, e5_embedder: EmbeddingBackend, fault: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Ingest leaves a chunk past the passage cap to the fill (service/ingest/states_fill.py);
+    # the node goes down before ingest has been quiet long enough. Each try fails (refused)
+    # or times out (hung), the chunk stays handed over, and once the node is back the fill
+    # stores the bytes a rerank would compute.
+    from service.ingest import states_fill
+    from service.engines.base import make_chunk_id
+    from tests.e2e.test_rerank_states import LONG_ZH
+
+    monkeypatch.setattr(states_fill, "RETRY_S", 1.0)
+    live = await start_live(os_config(proxy.url, prefix, tmp_path / "data"), e5_embedder)
+    try:
+        fill, reranker = live.app.ingestor.states_fill, live.app.runtime.reranker
+        assert fill is not None and reranker is not None and fill.idle_s >= 2.0
+        doc = corpus_pb2.Document(source_id="long-zh", version="v1", text=LONG_ZH, collection=types_pb2.COLLECTION_DOC)
+        summary = await live.ingest([doc])
+        assert summary.documents_indexed == 1 and not summary.errors, summary
+        await take_down(proxy, fault)
+        await asyncio.sleep(fill.idle_s + 2.0)  # the fill has tried, and failed or hung
+        assert not fill.caught_up and fill.progress.written == 0
+        await proxy.resume()
+        async with asyncio.timeout(40):  # a hung try ends at the engine's request timeout (10 s)
+            while not fill.caught_up:
+                await asyncio.sleep(0.1)
+        [chunk] = await live.app.engine.get_chunks([make_chunk_id("long-zh", 0, doc.version)])
+        stored = await live.app.engine.passage_states([(chunk.chunk_id, chunk.content_hash)], fill.states_key)
+        assert stored == {chunk.chunk_id: reranker.passage_states([chunk.search_text])[0]}
+        print(f"\n[the fill, node {fault}] caught up once the node was back: {fill.progress.written} chunk")
     finally:
         await stop_live(live)
 
