@@ -14,7 +14,7 @@ from service.engines.base import Engine, make_chunk_id
 from service.engines.embedded import EmbeddedEngine
 from service.models.onnx_cross_encoder import OnnxCrossEncoder
 from service.offline.builder import default_models_dir
-from tests.support.harness import StartServer, evidence_of, result_of
+from tests.support.harness import StartServer, evidence_of, passages_computed, result_of
 
 pytestmark = pytest.mark.slow
 
@@ -207,14 +207,7 @@ async def test_the_fill_computes_what_ingest_left_before_a_rerank_has_to(
     assert await engine.chunks_without_states(reranker.states_key, "", 1000) == ([], None)
     assert fill.progress.written == 1, "the demo's chunks had theirs from ingest"
 
-    left: list[int] = []
-    rerank = live.app.runtime.rerank
-
-    async def counting(query, passages, deadline, states=None, computed=None):  # type: ignore[no-untyped-def]
-        left.append(sum(s is None for s in states or [None] * len(passages)))
-        return await rerank(query, passages, deadline, states, computed)
-
-    monkeypatch.setattr(live.app.runtime, "rerank", counting)
+    left = passages_computed(monkeypatch, live.app)
     reply = await live.retrieve(query="长期护理保险的等待期和给付期间", top_k=8,
                                 options=retrieval_pb2.RetrievalOptions(min_quality=1e-9))
     assert "long-zh" in {e.source_id for e in evidence_of(reply)}
@@ -241,14 +234,7 @@ async def test_write_back_stores_what_a_rerank_computed(start_server: StartServe
     scraped = parse(live.app.metrics.exposition().decode())
     assert scraped[("retrieval_passage_states_write_back_total", (("result", "written"),))] == stored
 
-    seen: list[int] = []
-    original = runner.runtime.rerank
-
-    async def counting(query, passages, deadline, states=None, computed=None):  # type: ignore[no-untyped-def]
-        seen.append(sum(s is None for s in states or []))
-        return await original(query, passages, deadline, states, computed)
-
-    monkeypatch.setattr(runner.runtime, "rerank", counting)
+    seen = passages_computed(monkeypatch, live.app)
     again = evidence_of(await live.retrieve(query=QUERIES[0], **ask))  # type: ignore[arg-type]
     assert seen == [0], "the second rerank of the same head reads every passage's states"
     score = {e.evidence_id: e.rerank_score for e in first}

@@ -26,7 +26,7 @@ from service.models.base import EmbeddingBackend
 from service.models.onnx_cross_encoder import OnnxCrossEncoder
 from service.models.passage_states import rerank_passage_text
 from service.offline.builder import default_models_dir
-from tests.support.harness import demo_documents, evidence_of, launch, result_of, shutdown
+from tests.support.harness import demo_documents, evidence_of, launch, passages_computed, result_of, shutdown
 from tests.support.opensearch import drop_prefix, opensearch_url_or_skip, unique_prefix
 from tests.unit.engines.test_engine_contract import ALL, T, chunk, ids, unit
 
@@ -184,14 +184,7 @@ async def test_the_fill_gives_states_to_chunks_stored_without_and_past_the_cap(
         scraped = parse(live.app.metrics.exposition().decode())
         assert scraped[("retrieval_passage_states_fill_total", (("result", "written"),))] == fill.progress.written > 1
 
-        left: list[int] = []
-        rerank = live.app.runtime.rerank
-
-        async def counting(query, passages, deadline, states=None, computed=None):  # type: ignore[no-untyped-def]
-            left.append(sum(s is None for s in states or [None] * len(passages)))
-            return await rerank(query, passages, deadline, states, computed)
-
-        monkeypatch.setattr(live.app.runtime, "rerank", counting)
+        left = passages_computed(monkeypatch, live.app)
         events = await live.retrieve(query="长期护理保险的等待期", top_k=3)
         assert "long-zh" in {e.source_id for e in evidence_of(events)}
         assert left == [0], "every passage of the first rerank was stored"

@@ -150,3 +150,17 @@ def evidence_of(events: list[retrieval_pb2.RetrieveEvent]) -> list[retrieval_pb2
 
 def legs_of(result: retrieval_pb2.AttemptResult) -> dict[str, str]:
     return {types_pb2.LegKind.Name(leg.kind): types_pb2.LegStatus.Name(leg.status) for leg in result.legs}
+
+
+def passages_computed(monkeypatch: pytest.MonkeyPatch, app: App) -> list[int]:
+    """From now on, per rerank of ``app``: how many of its passages had no stored states
+    (the rerank computed them). The list fills as reranks run."""
+    computed: list[int] = []
+    rerank = app.runtime.rerank
+
+    async def counting(query, passages, deadline, states=None, computed_states=None):  # type: ignore[no-untyped-def]
+        computed.append(sum(s is None for s in states or [None] * len(passages)))
+        return await rerank(query, passages, deadline, states, computed_states)
+
+    monkeypatch.setattr(app.runtime, "rerank", counting)
+    return computed
