@@ -71,6 +71,7 @@ class StatesFill:
         self._metrics = metrics
         self._pending: dict[str, tuple[str, str]] = {}  # chunk_id -> (content_hash, text)
         self._scan_from: str | None = ""  # a scan's next chunk id ("" = the start); None: no scan due
+        self._scans_asked = 0  # scans asked for since start (a page read before the last ask is stale)
         self._busy = False  # a batch or page taken and not finished
         self._unrefreshed = False  # written since the last refresh
         self._wake = asyncio.Event()
@@ -81,6 +82,7 @@ class StatesFill:
             return
         if len(self._pending) + len(rows) > self.max_pending:
             self._scan_from = ""  # too many to keep: a scan from the start finds them
+            self._scans_asked += 1
         else:
             self._pending.update((cid, (h, text)) for cid, h, text in rows)
         self._wake.set()
@@ -133,12 +135,14 @@ class StatesFill:
             raise
 
     async def _scan_page(self, after: str) -> None:
+        asked = self._scans_asked
         rows, next_from = await self.engine.chunks_without_states(self.states_key, after, self.page)
         for i in range(0, len(rows), BATCH):
             await self._fill(rows[i : i + BATCH])
         self.progress.scanned += len(rows)
-        if self._scan_from == after:  # not restarted by a hand-over meanwhile
-            self._scan_from = next_from
+        if self._scans_asked != asked:  # a hand-over asked for a scan from the start meanwhile
+            return
+        self._scan_from = next_from
         if next_from is None:
             self.progress.scans += 1
             log.info("passage states fill: scan done, %d chunks filled so far", self.progress.written)

@@ -229,3 +229,29 @@ async def test_ingest_is_busy_while_a_document_is_ingested_and_quiet_after(kit: 
     first = ingestor.idle_for()
     await asyncio.sleep(0.1)
     assert 0.0 <= first < ingestor.idle_for()
+
+
+async def test_a_scan_asked_for_while_a_page_is_read_starts_over(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A page read before a hand-over overflowed may miss the chunks handed over: the scan
+    starts again from the first chunk instead of finishing on that page."""
+    early = chunk("S1", 0, "alpha policy")
+    await put(kit.engine, early)
+    real = kit.engine.chunks_without_states
+    read, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_first_page(key: str, after: str, limit: int) -> object:
+        page = await real(key, after, limit)
+        if not read.is_set():  # the first page, read before ``late`` was stored
+            read.set()
+            await release.wait()
+        return page
+
+    monkeypatch.setattr(kit.engine, "chunks_without_states", slow_first_page)
+    fill = kit.make(max_pending=1)
+    await read.wait()
+    late = chunk("S2", 0, "beta policy")
+    await put(kit.engine, late)
+    fill.left([(c.chunk_id, c.content_hash, c.search_text) for c in (early, late)])  # more than it keeps
+    release.set()
+    await caught_up(fill)
+    assert await stored(kit.engine, early, late) == {c.chunk_id: states_of(c.search_text) for c in (early, late)}
