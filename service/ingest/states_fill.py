@@ -75,6 +75,7 @@ class StatesFill:
         self._busy = False  # a batch or page taken and not finished
         self._unrefreshed = False  # written since the last refresh
         self._wake = asyncio.Event()
+        self._report()
 
     def left(self, rows: Sequence[Row]) -> None:
         """Chunks ingest stored without states (after their write was acknowledged)."""
@@ -85,7 +86,13 @@ class StatesFill:
             self._scans_asked += 1
         else:
             self._pending.update((cid, (h, text)) for cid, h, text in rows)
+        self._report()
         self._wake.set()
+
+    def _report(self) -> None:
+        if self._metrics is not None:
+            self._metrics.states_fill_pending.set(len(self._pending))
+            self._metrics.states_fill_scanning.set(0 if self._scan_from is None else 1)
 
     @property
     def caught_up(self) -> bool:
@@ -123,6 +130,7 @@ class StatesFill:
                 self._unrefreshed = False
         finally:
             self._busy = False
+            self._report()
 
     async def _fill_pending(self) -> None:
         ids = list(self._pending)[:BATCH]

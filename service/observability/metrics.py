@@ -100,6 +100,13 @@ class ServiceMetrics:
             "Chunks the background fill of passage states handled, by result (written; had: stored meanwhile, "
             "by a rerank's write-back or a re-ingest; stale: the chunk changed or went before it was stored)",
             ["result"], registry=r)
+        self.states_fill_pending = Gauge(
+            "retrieval_passage_states_fill_pending", "Chunks ingest handed to the fill of passage states, not yet filled",
+            registry=r)
+        self.states_fill_scanning = Gauge(
+            "retrieval_passage_states_fill_scanning",
+            "1 while the fill of passage states has a scan of the store due or running (at start, or after more "
+            "chunks were handed over than it keeps)", registry=r)
         self.ingest_states_passes = Counter(
             "retrieval_ingest_passage_states",
             "Chunks ingest computed passage states for, by pass (one: tapped from the embedding pass; two: the "

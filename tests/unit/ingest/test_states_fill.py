@@ -117,6 +117,13 @@ def fill_counts(metrics: ServiceMetrics) -> dict[str, float]:
             for r in ("written", "had", "stale")}
 
 
+def fill_gauges(metrics: ServiceMetrics) -> tuple[float, float]:
+    """(chunks handed over and not yet filled, 1 while a scan is due or running)."""
+    scraped = parse(metrics.exposition().decode())
+    return (scraped[("retrieval_passage_states_fill_pending", ())],
+            scraped[("retrieval_passage_states_fill_scanning", ())])
+
+
 async def test_a_scan_fills_every_chunk_without_current_states_and_no_other(kit: Kit) -> None:
     has = with_states(chunk("S1", 0, "alpha policy"), b"kept as stored")
     bare = [chunk("S2", i, f"beta clause {i}") for i in range(5)]  # stored without states
@@ -171,11 +178,14 @@ async def test_more_handed_over_than_it_keeps_falls_back_to_a_scan(kit: Kit) -> 
     fill = kit.make(max_pending=2)
     bare = [chunk("S1", i, f"clause {i}") for i in range(3)]
     await put(kit.engine, *bare)
-    fill.left([(c.chunk_id, c.content_hash, c.search_text) for c in bare])
+    fill.left([(c.chunk_id, c.content_hash, c.search_text) for c in bare[:1]])
+    assert fill_gauges(kit.metrics) == (1, 1)  # one handed over; the start's scan is due
+    fill.left([(c.chunk_id, c.content_hash, c.search_text) for c in bare[1:]])
+    assert fill_gauges(kit.metrics) == (1, 1)  # the two more were not kept: the scan finds them
     kit.quiet.seconds = 1e9
     await caught_up(fill)
     assert await stored(kit.engine, *bare) == {c.chunk_id: states_of(c.search_text) for c in bare}
-    assert fill.progress.scans == 1
+    assert fill.progress.scans == 1 and fill_gauges(kit.metrics) == (0, 0)
 
 
 async def test_a_failed_step_loses_nothing(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:

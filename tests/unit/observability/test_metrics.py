@@ -32,6 +32,7 @@ def exercised() -> ServiceMetrics:
     m.ingested("indexed", 5)
     m.ingested("invalid", 0)
     m.states_write_back.labels("written").inc(3)
+    m.states_fill.labels("written").inc(2)
     m.ingest_held_back.inc(0.5)
     m.ingest_states_passes.labels("one").inc(2)
     m.watch_admission_queue(lambda: 2.0)
