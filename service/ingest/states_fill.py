@@ -42,7 +42,8 @@ log = logging.getLogger(__name__)
 PAGE = 256  # chunks a scan reads at a time
 BATCH = 16  # chunks checked, computed and stored together
 MAX_PENDING = 4096  # chunks handed over and not yet filled; past it, a scan finds them
-RETRY_S = 5.0  # after an engine or model failure, the work is tried again this much later
+RETRY_S = 5.0  # after an engine or model failure, the work is tried again this much later,
+RETRY_MAX_S = 60.0  # doubling while it keeps failing (a node down for an hour: ~60 lines, not 720)
 _POLL_S = 0.05
 _DEADLINE_S = 600.0
 
@@ -100,16 +101,20 @@ class StatesFill:
         return not self._pending and self._scan_from is None and not self._busy
 
     async def run(self) -> None:
-        """Fill until cancelled (with the app); a failed step is retried after ``RETRY_S``."""
+        """Fill until cancelled (with the app); a failed step is retried after ``RETRY_S``,
+        doubling up to ``RETRY_MAX_S`` while it keeps failing."""
+        delay = RETRY_S
         while True:
             if self.caught_up:
                 self._wake.clear()
                 await self._wake.wait()
             try:
                 await self.step()
+                delay = RETRY_S
             except Exception as exc:  # noqa: BLE001 (engine down, model overloaded: try again later)
-                log.warning("passage states fill: %s; retrying in %.0f s", exc, RETRY_S)
-                await asyncio.sleep(RETRY_S)
+                log.warning("passage states fill: %s; retrying in %.1f s", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
 
     async def step(self) -> None:
         """One batch of the chunks handed over, else one page of a scan, when idle."""

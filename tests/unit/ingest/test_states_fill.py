@@ -188,14 +188,16 @@ async def test_more_handed_over_than_it_keeps_falls_back_to_a_scan(kit: Kit) -> 
     assert fill.progress.scans == 1 and fill_gauges(kit.metrics) == (0, 0)
 
 
-async def test_a_failed_step_loses_nothing(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(states_fill, "RETRY_S", 0.05)
+async def test_a_failed_step_loses_nothing_and_retries_back_off(kit: Kit, monkeypatch: pytest.MonkeyPatch,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(states_fill, "RETRY_S", 0.02)
+    monkeypatch.setattr(states_fill, "RETRY_MAX_S", 0.05)
     fill = kit.make()
     await caught_up(fill)
     bare = chunk("S1", 0, "alpha policy")
     await put(kit.engine, bare)
     real = kit.engine.put_passage_states
-    failures = [RuntimeError("the engine is down")]
+    failures = [RuntimeError("the engine is down")] * 4
 
     async def flaky(states: object, key: str) -> int:
         if failures:
@@ -206,6 +208,8 @@ async def test_a_failed_step_loses_nothing(kit: Kit, monkeypatch: pytest.MonkeyP
     fill.left([(bare.chunk_id, bare.content_hash, bare.search_text)])
     await caught_up(fill)
     assert not failures and await stored(kit.engine, bare) == {bare.chunk_id: states_of(bare.search_text)}
+    waits = [r.args[1] for r in caplog.records if "retrying in" in r.msg]  # type: ignore[index]
+    assert waits == pytest.approx([0.02, 0.04, 0.05, 0.05])  # doubling, capped at RETRY_MAX_S
 
 
 async def test_ingest_is_busy_while_a_document_is_ingested_and_quiet_after(kit: Kit,
