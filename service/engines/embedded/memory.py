@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -117,12 +117,11 @@ class MemoryIndex:
     def chunks_without(self, field: VectorField, after: str, limit: int) -> list[ChunkRecord]:
         """Live chunks without a ``field`` vector, by chunk id after ``after``, at most ``limit``."""
         index = self.vector_index(field)
-        missing = sorted(cid for cid, slot in self._slot_of.items() if cid > after and not index.get_present(slot))
-        return [self.hit_record(self._slot_of[cid]) for cid in missing[:limit]]
+        return self.chunks_after(after, limit, lambda slot: not index.get_present(slot))
 
-    def chunks_after(self, after: str, limit: int) -> list[ChunkRecord]:
-        """Up to ``limit`` live chunks by chunk id after ``after``."""
-        ids = heapq.nsmallest(limit, (cid for cid in self._slot_of if cid > after))
+    def chunks_after(self, after: str, limit: int, keep: Callable[[int], bool] = lambda _: True) -> list[ChunkRecord]:
+        """Up to ``limit`` live chunks by chunk id after ``after`` (those whose slot ``keep`` takes)."""
+        ids = heapq.nsmallest(limit, (cid for cid, slot in self._slot_of.items() if cid > after and keep(slot)))
         return [self.hit_record(self._slot_of[cid]) for cid in ids]
 
     def set_vector(self, field: VectorField, chunk_id: str, vector: npt.NDArray[np.float32]) -> None:

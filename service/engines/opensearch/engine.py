@@ -607,16 +607,9 @@ class OpenSearchEngine(Engine):
         ``chunk_id`` keyword and paged with ``search_after``. Realtime enough: a refresh first."""
         await self._ensure_index()
         await self.refresh()
-        body: JSON = {"size": limit, "query": {"bool": {"must_not": [{"exists": {"field": field.value}}]}},
-                      "sort": [{"chunk_id": "asc"}], "_source": ["chunk_id", "content_hash", "search_text"]}
-        if after:
-            body["search_after"] = [after]
-        resp = await self._request(
-            self._client.search(index=self.alias, body=body, request_timeout=self.request_timeout_s),
-            "search", self.request_timeout_s + 0.5,
-        )
-        return [(h["_source"]["chunk_id"], h["_source"]["content_hash"], h["_source"]["search_text"])
-                for h in resp.get("hits", {}).get("hits", [])]
+        page = await self._page_by_chunk_id({"bool": {"must_not": [{"exists": {"field": field.value}}]}},
+                                            ["chunk_id", "content_hash", "search_text"], after, limit)
+        return [(d["chunk_id"], d["content_hash"], d["search_text"]) for d in page]
 
     async def chunks_without_states(self, states_key: str, after: str, limit: int
                                     ) -> tuple[list[tuple[str, str, str]], str | None]:
@@ -624,18 +617,23 @@ class OpenSearchEngine(Engine):
         states key but not the states; the filter is ours, the key being stored, not indexed
         (states and key are written together, and a re-ingest rewrites both)."""
         await self._ensure_index()
-        body: JSON = {"size": limit, "query": {"match_all": {}}, "sort": [{"chunk_id": "asc"}],
-                      "_source": ["chunk_id", "content_hash", "search_text", "rerank_states_key"]}
+        page = await self._page_by_chunk_id({"match_all": {}},
+                                            ["chunk_id", "content_hash", "search_text", "rerank_states_key"], after, limit)
+        rows = [(d["chunk_id"], d["content_hash"], d["search_text"]) for d in page
+                if d.get("rerank_states_key") != states_key]
+        return rows, (page[-1]["chunk_id"] if len(page) == limit else None)
+
+    async def _page_by_chunk_id(self, query: JSON, source: list[str], after: str, limit: int) -> list[JSON]:
+        """The ``_source`` fields of up to ``limit`` chunks ``query`` matches, sorted by the
+        ``chunk_id`` keyword, after ``after`` (``search_after``; "" = from the start)."""
+        body: JSON = {"size": limit, "query": query, "sort": [{"chunk_id": "asc"}], "_source": source}
         if after:
             body["search_after"] = [after]
         resp = await self._request(
             self._client.search(index=self.alias, body=body, request_timeout=self.request_timeout_s),
             "search", self.request_timeout_s + 0.5,
         )
-        page = [h["_source"] for h in resp.get("hits", {}).get("hits", [])]
-        rows = [(d["chunk_id"], d["content_hash"], d["search_text"]) for d in page
-                if d.get("rerank_states_key") != states_key]
-        return rows, (page[-1]["chunk_id"] if len(page) == limit else None)
+        return [h["_source"] for h in resp.get("hits", {}).get("hits", [])]
 
     async def put_vectors(self, field: VectorField, vectors: Sequence[tuple[str, str, Vector]]) -> int:
         """One bulk of scripted partial updates, each a no-op unless the chunk still has that
