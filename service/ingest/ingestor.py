@@ -134,7 +134,7 @@ class Ingestor:
         if report.errors:
             return IngestOutcome("failed", report.written,
                                  message="; ".join(f"{e.chunk_id}: {e.message}" for e in report.errors[:5]))
-        if states_key is not None and self.states_fill is not None:
+        if self.states_fill is not None:  # it exists only where ingest stores states
             self.states_fill.left([(r.chunk_id, content_hash, r.search_text) for r in records if r.rerank_states is None])
         return IngestOutcome("indexed", len(records))
 

@@ -52,7 +52,6 @@ Row = tuple[str, str, str]  # chunk_id, content_hash, the text its states are co
 
 @dataclass
 class FillProgress:
-    scanned: int = 0  # chunks a scan read
     written: int = 0  # chunks that got their states from the fill
     scans: int = 0  # scans finished
 
@@ -152,7 +151,6 @@ class StatesFill:
         rows, next_from = await self.engine.chunks_without_states(self.states_key, after, self.page)
         for i in range(0, len(rows), BATCH):
             await self._fill(rows[i : i + BATCH])
-        self.progress.scanned += len(rows)
         if self._scans_asked != asked:  # a hand-over asked for a scan from the start meanwhile
             return
         self._scan_from = next_from
