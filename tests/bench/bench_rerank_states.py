@@ -63,6 +63,7 @@ from service.config import load_config  # noqa: E402
 from service.engines.base import make_chunk_id  # noqa: E402
 from service.eval.metrics import percentile  # noqa: E402
 from service.models import _ort  # noqa: E402
+from tests.support.harness import fill_caught_up  # noqa: E402
 from tests.support.opensearch import drop_prefix, unique_prefix  # noqa: E402
 
 RERANKER = "e5-small-split-reranker-int8"
@@ -164,8 +165,7 @@ async def serve(states: bool, data_dir: Path, docs: list[corpus_pb2.Document],
                 t0 = time.perf_counter()
                 states_fill = app.ingestor.states_fill
                 assert states_fill is not None
-                while not states_fill.caught_up:
-                    await asyncio.sleep(0.05)
+                await fill_caught_up(states_fill, None)
                 run.fill_s, run.filled = time.perf_counter() - t0, states_fill.progress.written
                 t0, after = time.perf_counter(), ""  # what a restart's scan reads of a caught-up store
                 while after is not None:

@@ -4,8 +4,6 @@ recomputing every passage does, and a restart keeps them (README "Cached passage
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from service._gen.retrieval.v1 import corpus_pb2, retrieval_pb2, types_pb2
@@ -14,7 +12,7 @@ from service.engines.base import Engine, make_chunk_id
 from service.engines.embedded import EmbeddedEngine
 from service.models.onnx_cross_encoder import OnnxCrossEncoder
 from service.offline.builder import default_models_dir
-from tests.support.harness import StartServer, evidence_of, passages_computed, result_of
+from tests.support.harness import StartServer, evidence_of, fill_caught_up, passages_computed, result_of
 
 pytestmark = pytest.mark.slow
 
@@ -198,9 +196,7 @@ async def test_the_fill_computes_what_ingest_left_before_a_rerank_has_to(
     assert live.app.cfg.rerank_states_fill and fill is not None
     long_doc = corpus_pb2.Document(source_id="long-zh", version="v1", text=LONG_ZH, collection=types_pb2.COLLECTION_DOC)
     await live.ingest([long_doc])
-    async with asyncio.timeout(60):
-        while not fill.caught_up:
-            await asyncio.sleep(0.05)
+    await fill_caught_up(fill, 60)
     [long_chunk] = await engine.get_chunks([make_chunk_id("long-zh", 0, "v1")])
     assert await engine.passage_states([(long_chunk.chunk_id, long_chunk.content_hash)], reranker.states_key) == {
         long_chunk.chunk_id: reranker.passage_states([long_chunk.search_text])[0]}

@@ -31,7 +31,7 @@ from service._gen.retrieval.v1 import corpus_pb2, retrieval_pb2, types_pb2
 from service.config import Config
 from service.demo.corpus import DEMO_DOCUMENTS
 from service.models.base import EmbeddingBackend
-from tests.support.harness import Live, demo_documents, evidence_of, legs_of, result_of
+from tests.support.harness import Live, demo_documents, evidence_of, fill_caught_up, legs_of, result_of
 from tests.support.opensearch import drop_prefix, opensearch_url_or_skip, unique_prefix
 from tests.support.service_live import (
     NOT_SERVING,
@@ -274,9 +274,7 @@ async def test_the_fill_waits_out_a_node_down_then_stores_what_ingest_left(
         await asyncio.sleep(fill.idle_s + 2.0)  # the fill has tried, and failed or hung
         assert not fill.caught_up and fill.progress.written == 0
         await proxy.resume()
-        async with asyncio.timeout(40):  # a hung try ends at the engine's request timeout (10 s)
-            while not fill.caught_up:
-                await asyncio.sleep(0.1)
+        await fill_caught_up(fill, 40, poll_s=0.1)  # a hung try ends at the engine's request timeout (10 s)
         [chunk] = await live.app.engine.get_chunks([make_chunk_id("long-zh", 0, doc.version)])
         stored = await live.app.engine.passage_states([(chunk.chunk_id, chunk.content_hash)], fill.states_key)
         assert stored == {chunk.chunk_id: reranker.passage_states([chunk.search_text])[0]}

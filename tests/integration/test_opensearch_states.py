@@ -7,7 +7,6 @@ added in place when the engine starts, as does one created before the Latin-scri
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import dataclasses
 from collections.abc import Sequence
@@ -26,7 +25,8 @@ from service.models.base import EmbeddingBackend
 from service.models.onnx_cross_encoder import OnnxCrossEncoder
 from service.models.passage_states import rerank_passage_text
 from service.offline.builder import default_models_dir
-from tests.support.harness import demo_documents, evidence_of, launch, passages_computed, result_of, shutdown
+from tests.support.harness import (demo_documents, evidence_of, fill_caught_up, launch, passages_computed, result_of,
+                                   shutdown)
 from tests.support.opensearch import drop_prefix, opensearch_url_or_skip, unique_prefix
 from tests.unit.engines.test_engine_contract import ALL, T, chunk, ids, unit
 
@@ -171,9 +171,7 @@ async def test_the_fill_gives_states_to_chunks_stored_without_and_past_the_cap(
         summary = await live.ingest([corpus_pb2.Document(source_id="long-zh", version="v1", text=LONG_ZH,
                                                          collection=types_pb2.COLLECTION_DOC)])
         assert summary.documents_indexed == 1 and not summary.errors
-        async with asyncio.timeout(120):
-            while not fill.caught_up:
-                await asyncio.sleep(0.05)
+        await fill_caught_up(fill, 120)
         await engine.refresh()
         assert await engine.chunks_without_states(reranker.states_key, "", 1000) == ([], None)
         long_id = make_chunk_id("long-zh", 0, "v1")

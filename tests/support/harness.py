@@ -3,6 +3,7 @@ onnxruntime models) on a loopback port, driven through generated stubs."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -16,6 +17,7 @@ from service.api.server import Server
 from service.app import App
 from service.config import Config
 from service.demo.corpus import DEMO_DOCUMENTS
+from service.ingest.states_fill import StatesFill
 from service.models.base import CrossEncoderBackend, EmbeddingBackend
 from service.offline.builder import build_all, default_models_dir
 from service.models.onnx_embedder import load_embedder
@@ -164,3 +166,11 @@ def passages_computed(monkeypatch: pytest.MonkeyPatch, app: App) -> list[int]:
 
     monkeypatch.setattr(app.runtime, "rerank", counting)
     return computed
+
+
+async def fill_caught_up(fill: StatesFill, timeout_s: float | None, poll_s: float = 0.05) -> None:
+    """Until the fill of passage states has caught up (``StatesFill.caught_up``); past
+    ``timeout_s`` (None: no limit) TimeoutError."""
+    async with asyncio.timeout(timeout_s):
+        while not fill.caught_up:
+            await asyncio.sleep(poll_s)

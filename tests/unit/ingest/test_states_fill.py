@@ -23,6 +23,7 @@ from service.ingest.states_fill import StatesFill
 from service.models.dummy import HashEmbedder, OverlapCrossEncoder
 from service.models.runtime import ModelRuntime
 from service.observability.metrics import ServiceMetrics
+from tests.support.harness import fill_caught_up
 from tests.support.scrape import parse
 from tests.unit.engines.test_engine_contract import chunk, put
 
@@ -97,10 +98,8 @@ async def kit(tmp_path: Path) -> AsyncIterator[Kit]:
         await engine.close()
 
 
-async def caught_up(fill: StatesFill, timeout_s: float = 10.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not fill.caught_up:
-            await asyncio.sleep(0.01)
+async def caught_up(fill: StatesFill) -> None:
+    await fill_caught_up(fill, 10.0, poll_s=0.01)
 
 
 def with_states(c: ChunkRecord, blob: bytes, key: str = KEY) -> ChunkRecord:
